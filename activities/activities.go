@@ -1,0 +1,198 @@
+// Package activities holds anneal's Temporal activities: planning a graph,
+// running a task on a node through its jig, and writing run state. They are
+// methods on a struct that carries the store, and every one is idempotent:
+// Temporal may run an activity again after a crash.
+package activities
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/google/uuid"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/anneal-dev/anneal/models"
+)
+
+// Error types carried by activity failures, for workflows to branch on.
+const (
+	// ErrTypeTaskFailed means the task ran and failed on the node; its run
+	// row already says so.
+	ErrTypeTaskFailed = "TaskFailed"
+	// ErrTypePlan means the graph cannot be planned; retrying will not help.
+	ErrTypePlan = "PlanError"
+)
+
+// Activities carries what the activities need.
+type Activities struct {
+	Store *models.Store
+	Log   *slog.Logger
+}
+
+// GraphRef addresses one graph of a transaction.
+type GraphRef struct {
+	TransactionID string `json:"transaction_id"`
+	GraphIndex    int    `json:"graph_index"`
+}
+
+// NodeRef addresses one node's share of a graph.
+type NodeRef struct {
+	GraphRef
+	NodeID int64 `json:"node_id"`
+}
+
+func (g GraphRef) uuid() (uuid.UUID, error) {
+	id, err := uuid.Parse(g.TransactionID)
+	if err != nil {
+		return id, temporal.NewNonRetryableApplicationError(fmt.Sprintf("bad transaction id %q", g.TransactionID), "BadInput", err)
+	}
+	return id, nil
+}
+
+// PlanGraph resolves a graph's tasks to nodes, builds the DAG and persists
+// the runs. A graph that cannot be planned fails without retry.
+func (a *Activities) PlanGraph(ctx context.Context, ref GraphRef) (*models.GraphPlan, error) {
+	id, err := ref.uuid()
+	if err != nil {
+		return nil, err
+	}
+	p, err := a.Store.PlanGraph(ctx, id, ref.GraphIndex)
+	var perr *models.PlanError
+	if errors.As(err, &perr) {
+		return nil, temporal.NewNonRetryableApplicationError(perr.Reason, ErrTypePlan, nil)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range p.Warnings {
+		a.Log.Warn("plan warning", "transaction", ref.TransactionID, "graph", p.GraphType, "warning", w)
+	}
+	return p, nil
+}
+
+// LoadNodePlan returns a node's runs of a graph with their edges.
+func (a *Activities) LoadNodePlan(ctx context.Context, ref NodeRef) (*models.NodePlan, error) {
+	id, err := ref.uuid()
+	if err != nil {
+		return nil, err
+	}
+	return a.Store.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
+}
+
+// RunOutcome is what a finished run reports back to its workflow; the rest
+// (outputs, logs) stays in Postgres.
+type RunOutcome struct {
+	ExitCode int `json:"exit_code"`
+}
+
+// RunTaskInput names the run to execute.
+type RunTaskInput struct {
+	RunID int64  `json:"run_id"`
+	Task  string `json:"task"`
+	Node  string `json:"node"`
+}
+
+// RunTaskOnNode hands a run to its node's agent (the agent jig: the agent
+// pulls its work) and completes asynchronously: the API completes this
+// activity when the agent reports, and the agent's run heartbeats keep it
+// alive, so a dead agent turns into a heartbeat timeout.
+func (a *Activities) RunTaskOnNode(ctx context.Context, in RunTaskInput) (*RunOutcome, error) {
+	info := activity.GetInfo(ctx)
+	run, err := a.Store.DispatchRun(ctx, in.RunID, int(info.Attempt), info.TaskToken)
+	if err != nil {
+		return nil, err
+	}
+	if run.State == models.RunSucceeded {
+		// A retry after the agent already reported success: do not run twice.
+		exit := 0
+		if run.ExitCode != nil {
+			exit = *run.ExitCode
+		}
+		return &RunOutcome{ExitCode: exit}, nil
+	}
+	a.Log.Info("run dispatched to agent", "transaction", run.TransactionID, "node", in.Node, "task", in.Task,
+		"run", in.RunID, "attempt", info.Attempt)
+	return nil, activity.ErrResultPending
+}
+
+// RunFailure records a run that failed outside the agent's report (timeout,
+// lost agent) and the runs that are blocked by a failure.
+type RunFailure struct {
+	RunID   int64   `json:"run_id,omitempty"`
+	Reason  string  `json:"reason,omitempty"`
+	Blocked []int64 `json:"blocked,omitempty"`
+}
+
+// RecordRunFailure writes a failure and the runs it blocks.
+func (a *Activities) RecordRunFailure(ctx context.Context, f RunFailure) error {
+	return a.Store.FailRun(ctx, f.RunID, f.Reason, f.Blocked)
+}
+
+// RunsToCancel lists runs that will not start because the transaction stops.
+type RunsToCancel struct {
+	RunIDs []int64 `json:"run_ids"`
+	Reason string  `json:"reason"`
+}
+
+// CancelRuns marks runs that never started as cancelled.
+func (a *Activities) CancelRuns(ctx context.Context, in RunsToCancel) error {
+	return a.Store.CancelRuns(ctx, in.RunIDs, in.Reason)
+}
+
+// CheckRunStates reads runs' states: the fallback when a wake-up from
+// another node's workflow may have been missed.
+func (a *Activities) CheckRunStates(ctx context.Context, ids []int64) (map[int64]string, error) {
+	return a.Store.RunStates(ctx, ids)
+}
+
+// NodeAbandon fails what a node workflow left unfinished.
+type NodeAbandon struct {
+	NodeRef
+	Reason string `json:"reason"`
+}
+
+// AbandonNodeRuns fails the unfinished runs of a node whose workflow ended
+// abnormally (terminated, failed), so its dependants stop waiting.
+func (a *Activities) AbandonNodeRuns(ctx context.Context, in NodeAbandon) error {
+	id, err := in.uuid()
+	if err != nil {
+		return err
+	}
+	return a.Store.AbandonNodeRuns(ctx, id, in.GraphIndex, in.NodeID, in.Reason)
+}
+
+// FinishInput says how a transaction ended as far as its workflow knows.
+type FinishInput struct {
+	TransactionID string `json:"transaction_id"`
+	Stopped       bool   `json:"stopped,omitempty"`
+	FailReason    string `json:"fail_reason,omitempty"`
+}
+
+// TransactionOutcome is the transaction workflow's result.
+type TransactionOutcome struct {
+	Status string         `json:"status"`
+	Error  string         `json:"error,omitempty"`
+	Counts map[string]int `json:"counts"`
+}
+
+// FinishTransaction records the transaction's final status from its runs.
+func (a *Activities) FinishTransaction(ctx context.Context, in FinishInput) (*TransactionOutcome, error) {
+	id, err := GraphRef{TransactionID: in.TransactionID}.uuid()
+	if err != nil {
+		return nil, err
+	}
+	st, err := a.Store.FinishTransaction(ctx, id, in.Stopped, in.FailReason)
+	if err != nil {
+		return nil, err
+	}
+	a.Log.Info("transaction finished", "transaction", in.TransactionID, "status", st.Status, "error", st.Error)
+	return &TransactionOutcome{Status: st.Status, Error: st.Error, Counts: st.Counts}, nil
+}
+
+// RecordNoOp marks a run with nothing to execute as succeeded.
+func (a *Activities) RecordNoOp(ctx context.Context, runID int64) error {
+	return a.Store.SucceedNoOp(ctx, runID)
+}

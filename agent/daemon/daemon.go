@@ -1,0 +1,578 @@
+// Package daemon is the anneal node agent: it phones home to the API, keeps
+// the node's heartbeat, long-polls for the runs handed to its node, executes
+// them one at a time and reports their results.
+//
+// The pieces are small interfaces so that each can be replaced in tests or by
+// another transport: a WorkSource hands out work, an Executor runs one work
+// item, a Reporter sends run heartbeats and results. HTTPTransport is the
+// WorkSource and Reporter speaking the protocol package's endpoints;
+// ShellExecutor runs "shell" items.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+)
+
+// WorkSource hands out the runs to execute on this node. Fetch may block
+// (long-poll) until work arrives or its wait ends, then returns an empty list.
+type WorkSource interface {
+	Fetch(ctx context.Context) ([]protocol.WorkItem, error)
+}
+
+// Executor runs one work item until it finishes or ctx is done. Everything
+// that goes wrong is described in the result.
+type Executor interface {
+	Execute(ctx context.Context, item protocol.WorkItem) protocol.RunResult
+}
+
+// Reporter tells the API about runs: RunHeartbeat while a run executes (cancel
+// is true when the API wants it abandoned), Report when it has finished.
+type Reporter interface {
+	Report(ctx context.Context, runID int64, res protocol.RunResult) error
+	RunHeartbeat(ctx context.Context, runID int64) (cancel bool, err error)
+}
+
+// Config configures Run.
+type Config struct {
+	// APIURL is the API's base URL. It may be empty when a stored
+	// credential names it.
+	APIURL string
+	// Name is the node's FQDN, sent when registering.
+	Name string
+	// Admin registers the node as an admin node.
+	Admin bool
+	// EnrollToken authenticates the first registration; it is not needed
+	// once a credential is stored.
+	EnrollToken string
+	// WorkDir holds the credential, the run logs, and is where commands run.
+	// Default "anneal-agent".
+	WorkDir string
+	// Address is where peers can reach the agent (host:port), if anywhere.
+	Address string
+	// HeartbeatEvery is the node heartbeat period; default 10s.
+	HeartbeatEvery time.Duration
+	// RunHeartbeatEvery is the run heartbeat period; default 5s.
+	RunHeartbeatEvery time.Duration
+	// PollWait is how long the API may hold a work fetch; default 25s.
+	PollWait time.Duration
+	// RetryMin and RetryMax bound the exponential backoff between retries
+	// of failed calls; defaults 200ms and 10s.
+	RetryMin, RetryMax time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// HTTPClient defaults to a plain client. Each call sets its own deadline,
+	// so it should have no overall Timeout shorter than PollWait.
+	HTTPClient *http.Client
+	// Executor runs the work items; default a ShellExecutor in WorkDir.
+	Executor Executor
+}
+
+// ErrCredentialRejected is wrapped by the error Run returns when the API
+// answers 401 to the stored node credential.
+var ErrCredentialRejected = errors.New("the API rejected the node credential")
+
+// errAgentStopping is the cause of cancellation when Run's context ends.
+var errAgentStopping = errors.New("the agent is stopping")
+
+// fatalError stops Run with err.
+type fatalError struct{ err error }
+
+func (f *fatalError) Error() string { return f.err.Error() }
+func (f *fatalError) Unwrap() error { return f.err }
+
+type runKey struct {
+	runID   int64
+	attempt int
+}
+
+type agent struct {
+	cfg      Config
+	log      *slog.Logger
+	workDir  string
+	credPath string
+	bootID   string
+	name     string
+	api      *HTTPTransport
+	src      WorkSource
+	rep      Reporter
+	exec     Executor
+	stop     context.CancelCauseFunc
+	seen     map[runKey]struct{}
+}
+
+// Run runs the agent until ctx is done, then returns nil, or until a fatal
+// error: a refused registration, a rejected credential, an unusable work
+// directory.
+//
+// At start it loads <WorkDir>/credential.json, or registers with EnrollToken
+// and stores the credential it gets. Then it sends a node heartbeat every
+// HeartbeatEvery, and long-polls for work; each run handed out is executed
+// once (never twice for the same run and attempt), with a run heartbeat every
+// RunHeartbeatEvery that cancels the execution when the API asks for it or no
+// longer knows the run (404, 409), and its result is reported, retrying
+// network errors and 5xx with backoff. A run interrupted by the agent's own
+// shutdown is reported as cancelled, best effort.
+func Run(ctx context.Context, cfg Config) error {
+	a, err := newAgent(cfg)
+	if err != nil {
+		return err
+	}
+	// The agent's context is cancelled with a cause: errAgentStopping when
+	// the caller's ctx ends, a *fatalError when the agent must stop.
+	actx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stop(nil)
+	unhook := context.AfterFunc(ctx, func() { stop(errAgentStopping) })
+	defer unhook()
+	a.stop = stop
+
+	if err := a.connect(actx); err != nil {
+		return a.outcome(actx, err)
+	}
+	if a.exec == nil {
+		a.exec = &ShellExecutor{WorkDir: a.workDir, NodeName: a.name, Logger: a.log}
+	}
+	a.log.Info("agent started", "boot_id", a.bootID, "api", a.api.BaseURL, "workdir", a.workDir)
+
+	var wg sync.WaitGroup
+	wg.Go(func() { a.heartbeatLoop(actx) })
+	a.workLoop(actx)
+	stop(errAgentStopping)
+	wg.Wait()
+	return a.outcome(actx, nil)
+}
+
+func newAgent(cfg Config) (*agent, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("agent: no node name given")
+	}
+	if cfg.WorkDir == "" {
+		cfg.WorkDir = "anneal-agent"
+	}
+	if cfg.HeartbeatEvery <= 0 {
+		cfg.HeartbeatEvery = 10 * time.Second
+	}
+	if cfg.RunHeartbeatEvery <= 0 {
+		cfg.RunHeartbeatEvery = 5 * time.Second
+	}
+	if cfg.PollWait <= 0 {
+		cfg.PollWait = 25 * time.Second
+	}
+	if cfg.RetryMin <= 0 {
+		cfg.RetryMin = 200 * time.Millisecond
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 10 * time.Second
+	}
+	cfg.RetryMax = max(cfg.RetryMax, cfg.RetryMin)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{}
+	}
+	if cfg.APIURL != "" {
+		if err := checkURL(cfg.APIURL); err != nil {
+			return nil, err
+		}
+	}
+	workDir, err := filepath.Abs(cfg.WorkDir)
+	if err != nil {
+		return nil, fmt.Errorf("agent: work directory: %w", err)
+	}
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return nil, fmt.Errorf("agent: work directory: %w", err)
+	}
+	a := &agent{
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", cfg.Name),
+		workDir:  workDir,
+		credPath: filepath.Join(workDir, CredentialFile),
+		bootID:   uuid.NewString(),
+		name:     cfg.Name,
+		exec:     cfg.Executor,
+		seen:     map[runKey]struct{}{},
+	}
+	a.api = &HTTPTransport{
+		BaseURL:   cfg.APIURL,
+		Client:    cfg.HTTPClient,
+		PollWait:  cfg.PollWait,
+		UserAgent: "anneal-agent",
+	}
+	a.src, a.rep = a.api, a.api
+	return a, nil
+}
+
+func checkURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("agent: API URL %q is not an http(s) URL", s)
+	}
+	return nil
+}
+
+// outcome is what Run returns: the fatal error if there was one, nil when
+// the agent was merely asked to stop, else err.
+func (a *agent) outcome(ctx context.Context, err error) error {
+	var fe *fatalError
+	if errors.As(context.Cause(ctx), &fe) {
+		a.log.Error("agent stopped", "error", fe.err)
+		return fe.err
+	}
+	if errors.As(err, &fe) {
+		return fe.err
+	}
+	if ctx.Err() != nil {
+		a.log.Info("agent stopped")
+		return nil
+	}
+	return err
+}
+
+func (a *agent) fatal(err error) {
+	a.stop(&fatalError{err})
+}
+
+func (a *agent) credentialRejected(err error) error {
+	return fmt.Errorf("%w (%s): delete %s and restart the agent with an enrollment token to re-enroll the node",
+		ErrCredentialRejected, apiMessage(err), a.credPath)
+}
+
+// connect loads the stored credential and checks it with a first heartbeat,
+// or registers the node and stores its new credential.
+func (a *agent) connect(ctx context.Context) error {
+	cred, err := LoadCredential(a.credPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return a.register(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	switch {
+	case a.cfg.APIURL == "" && cred.APIURL == "":
+		return fmt.Errorf("agent: no API URL given and none stored in %s", a.credPath)
+	case a.cfg.APIURL == "":
+		if err := checkURL(cred.APIURL); err != nil {
+			return fmt.Errorf("%w (stored in %s)", err, a.credPath)
+		}
+		a.api.BaseURL = cred.APIURL
+	case cred.APIURL != "" && cred.APIURL != a.cfg.APIURL:
+		a.log.Warn("the stored credential was issued by another API URL; using the configured one",
+			"stored", cred.APIURL, "configured", a.cfg.APIURL)
+	}
+	if cred.Name != "" && cred.Name != a.cfg.Name {
+		a.log.Warn("the stored credential belongs to another node name; using it anyway (delete it to re-enroll under the new name)",
+			"stored", cred.Name, "configured", a.cfg.Name, "credential", a.credPath)
+		a.name = cred.Name
+		a.log = a.cfg.Logger.With("node", a.name)
+	}
+	a.api.Token = cred.Token
+
+	var hb protocol.HeartbeatResponse
+	err = a.retry(ctx, "node heartbeat", func(ctx context.Context) error {
+		var err error
+		hb, err = a.api.Heartbeat(ctx, a.heartbeatRequest())
+		return err
+	})
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return err
+	case statusOf(err) == http.StatusUnauthorized:
+		return a.credentialRejected(err)
+	default:
+		return fmt.Errorf("agent: first heartbeat refused by the API: %w", err)
+	}
+	if hb.NodeID != 0 && cred.NodeID != 0 && hb.NodeID != cred.NodeID {
+		a.log.Warn("the API says the credential belongs to another node id", "stored", cred.NodeID, "api", hb.NodeID)
+	}
+	a.log.Info("using the stored credential", "node_id", hb.NodeID, "credential", a.credPath)
+	return nil
+}
+
+func (a *agent) register(ctx context.Context) error {
+	if a.cfg.APIURL == "" {
+		return errors.New("agent: no credential stored and no API URL given")
+	}
+	if a.cfg.EnrollToken == "" {
+		return fmt.Errorf("agent: no credential in %s and no enrollment token given to register the node", a.credPath)
+	}
+	req := protocol.RegisterRequest{Name: a.cfg.Name, Admin: a.cfg.Admin, BootID: a.bootID, Address: a.cfg.Address}
+	var resp protocol.RegisterResponse
+	err := a.retry(ctx, "registration", func(ctx context.Context) error {
+		var err error
+		resp, err = a.api.Register(ctx, a.cfg.EnrollToken, req)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		var apiErr *APIError
+		if errors.As(err, &apiErr) {
+			return fmt.Errorf("agent: the API refused to register node %q (%d %s): %s",
+				a.cfg.Name, apiErr.Status, apiErr.Code, apiMessage(err))
+		}
+		return fmt.Errorf("agent: registering node %q: %w", a.cfg.Name, err)
+	}
+	cred := Credential{NodeID: resp.NodeID, Name: resp.Name, Token: resp.Token, APIURL: a.cfg.APIURL}
+	if cred.Name == "" {
+		cred.Name = a.cfg.Name
+	}
+	if err := SaveCredential(a.credPath, cred); err != nil {
+		return fmt.Errorf("agent: node %q registered (id %d) but its credential could not be stored: %w", cred.Name, cred.NodeID, err)
+	}
+	if cred.Name != a.name {
+		a.name = cred.Name
+		a.log = a.cfg.Logger.With("node", a.name)
+	}
+	a.api.Token = cred.Token
+	a.log.Info("node registered", "node_id", cred.NodeID, "credential", a.credPath)
+	return nil
+}
+
+func (a *agent) heartbeatRequest() protocol.HeartbeatRequest {
+	return protocol.HeartbeatRequest{BootID: a.bootID, Address: a.cfg.Address}
+}
+
+func (a *agent) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.HeartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, err := a.api.Heartbeat(ctx, a.heartbeatRequest())
+		switch {
+		case err == nil:
+			a.log.Debug("node heartbeat sent")
+		case ctx.Err() != nil:
+			return
+		case statusOf(err) == http.StatusUnauthorized:
+			a.fatal(a.credentialRejected(err))
+			return
+		default:
+			a.log.Warn("node heartbeat failed", "error", err)
+		}
+	}
+}
+
+func (a *agent) workLoop(ctx context.Context) {
+	b := a.backoff()
+	for ctx.Err() == nil {
+		items, err := a.src.Fetch(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if statusOf(err) == http.StatusUnauthorized {
+				a.fatal(a.credentialRejected(err))
+				return
+			}
+			d := b.next()
+			a.log.Warn("fetching work failed", "error", err, "retry_in", d)
+			sleep(ctx, d)
+			continue
+		}
+		b.reset()
+		for i, item := range items {
+			if ctx.Err() != nil {
+				a.abandon(ctx, items[i:])
+				return
+			}
+			a.runItem(ctx, item)
+		}
+	}
+}
+
+// runItem executes one work item with run heartbeats, then reports it.
+func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
+	log := a.log.With(runAttrs(item)...)
+	key := runKey{item.RunID, item.Attempt}
+	if _, dup := a.seen[key]; dup {
+		log.Warn("run handed out again for the same attempt; not running it twice")
+		return
+	}
+	a.seen[key] = struct{}{}
+
+	log.Info("run started", "type", item.Type, "timeout_sec", item.TimeoutSec)
+	runCtx, cancelRun := context.WithCancelCause(ctx)
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, log)
+	}()
+	res := a.exec.Execute(runCtx, item)
+	cancelRun(errors.New("run finished"))
+	<-hbDone
+	res.Attempt = item.Attempt
+
+	attrs := []any{"exit_code", res.ExitCode, "duration", res.FinishedAt.Sub(res.StartedAt).Round(time.Millisecond)}
+	if res.Error != "" {
+		attrs = append(attrs, "error", res.Error)
+	}
+	if res.Succeeded() {
+		log.Info("run succeeded", attrs...)
+	} else {
+		log.Warn("run failed", attrs...)
+	}
+
+	if ctx.Err() != nil {
+		a.reportOnce(ctx, log, item.RunID, res)
+		return
+	}
+	a.report(ctx, log, item.RunID, res)
+}
+
+func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, log *slog.Logger) {
+	t := time.NewTicker(a.cfg.RunHeartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cancel, err := a.rep.RunHeartbeat(ctx, runID)
+		switch st := statusOf(err); {
+		case err == nil && cancel:
+			log.Info("the API asked to cancel the run")
+			cancelRun(errors.New("the API asked to cancel the run"))
+			return
+		case err == nil:
+			log.Debug("run heartbeat sent")
+		case ctx.Err() != nil:
+			return
+		case st == http.StatusNotFound || st == http.StatusConflict:
+			msg := apiMessage(err)
+			log.Warn("the API no longer awaits the run; abandoning it", "status", st, "error", msg)
+			cancelRun(fmt.Errorf("the API no longer awaits the run: %s", msg))
+			return
+		case st == http.StatusUnauthorized:
+			a.fatal(a.credentialRejected(err))
+			return
+		default:
+			log.Warn("run heartbeat failed", "error", err)
+		}
+	}
+}
+
+// report sends a result, retrying network errors and 5xx until a 2xx, a
+// final 4xx, or the end of ctx.
+func (a *agent) report(ctx context.Context, log *slog.Logger, runID int64, res protocol.RunResult) {
+	err := a.retry(ctx, "reporting the result", func(ctx context.Context) error {
+		return a.rep.Report(ctx, runID, res)
+	})
+	a.logReport(ctx, log, err)
+}
+
+// reportOnce makes one attempt, for a run interrupted by the agent stopping.
+func (a *agent) reportOnce(ctx context.Context, log *slog.Logger, runID int64, res protocol.RunResult) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	a.logReport(rctx, log, a.rep.Report(rctx, runID, res))
+}
+
+func (a *agent) logReport(ctx context.Context, log *slog.Logger, err error) {
+	switch st := statusOf(err); {
+	case err == nil:
+		log.Info("result reported")
+	case ctx.Err() != nil:
+		log.Warn("agent stopping; result not reported", "error", err)
+	case st == http.StatusUnauthorized:
+		a.fatal(a.credentialRejected(err))
+	case st >= 400 && st < 500:
+		log.Warn("the API refused the result", "status", st, "error", apiMessage(err))
+	default:
+		log.Warn("result not reported", "error", err)
+	}
+}
+
+// abandon reports runs that were handed out but not started because the
+// agent is stopping, best effort.
+func (a *agent) abandon(ctx context.Context, items []protocol.WorkItem) {
+	for _, item := range items {
+		key := runKey{item.RunID, item.Attempt}
+		if _, dup := a.seen[key]; dup {
+			continue
+		}
+		a.seen[key] = struct{}{}
+		log := a.log.With(runAttrs(item)...)
+		log.Warn("agent stopping; run not started")
+		now := time.Now().UTC()
+		a.reportOnce(ctx, log, item.RunID, protocol.RunResult{
+			Attempt: item.Attempt, ExitCode: -1, Error: "cancelled: the agent stopped before starting the run",
+			StartedAt: now, FinishedAt: now,
+		})
+	}
+}
+
+// retry calls f until it succeeds, fails for good (see retryable) or ctx
+// ends, sleeping with exponential backoff in between.
+func (a *agent) retry(ctx context.Context, what string, f func(context.Context) error) error {
+	b := a.backoff()
+	for {
+		err := f(ctx)
+		if err == nil || !retryable(ctx, err) {
+			return err
+		}
+		d := b.next()
+		a.log.Warn(what+" failed; retrying", "error", err, "retry_in", d)
+		if !sleep(ctx, d) {
+			return err
+		}
+	}
+}
+
+func runAttrs(item protocol.WorkItem) []any {
+	return []any{"run", item.RunID, "attempt", item.Attempt, "task", item.Task,
+		"transaction", item.TransactionID, "graph", item.Graph}
+}
+
+// sleep waits d or until ctx ends; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+type backoff struct{ min, max, cur time.Duration }
+
+func (a *agent) backoff() *backoff { return &backoff{min: a.cfg.RetryMin, max: a.cfg.RetryMax} }
+
+// next returns the next delay, with ±20% jitter so that many agents do not
+// retry in step.
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	}
+	d := b.cur
+	b.cur = min(2*b.cur, b.max)
+	if j := int64(d) / 5; j > 0 {
+		d += time.Duration(rand.Int64N(2*j+1) - j)
+	}
+	return d
+}
+
+func (b *backoff) reset() { b.cur = 0 }

@@ -1,0 +1,588 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/agent/daemon"
+	"github.com/anneal-dev/anneal/agent/protocol"
+)
+
+const (
+	enrollToken = "enroll-secret"
+	nodeToken   = "node-token-1"
+	nodeID      = int64(7)
+)
+
+// fakeAPI is an in-memory stand-in for the API's agent endpoints that
+// records every call.
+type fakeAPI struct {
+	t   *testing.T
+	srv *httptest.Server
+
+	mu               sync.Mutex
+	calls            []string // "METHOD path auth"
+	tokens           map[string]bool
+	registers        []protocol.RegisterRequest
+	registerFailures int // answer 503 to this many registrations first
+	heartbeats       []protocol.HeartbeatRequest
+	waits            []string
+	polling          int // work fetches being answered
+	queue            []protocol.WorkItem
+	notify           chan struct{}
+	runHeartbeats    map[int64]int
+	cancelAfter      map[int64]int // answer cancel from the Nth run heartbeat
+	runHBStatus      map[int64]int // answer run heartbeats with this status
+	results          map[int64][]protocol.RunResult
+	resultPosts      map[int64]int
+	resultFailures   map[int64]int // answer 503 to this many result posts first
+	resultStatus     map[int64]int // answer result posts with this status
+}
+
+func newFakeAPI(t *testing.T) *fakeAPI {
+	f := &fakeAPI{
+		t:              t,
+		tokens:         map[string]bool{},
+		notify:         make(chan struct{}, 1),
+		runHeartbeats:  map[int64]int{},
+		cancelAfter:    map[int64]int{},
+		runHBStatus:    map[int64]int{},
+		results:        map[int64][]protocol.RunResult{},
+		resultPosts:    map[int64]int{},
+		resultFailures: map[int64]int{},
+		resultStatus:   map[int64]int{},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+protocol.PathRegister, f.register)
+	mux.HandleFunc("POST "+protocol.PathHeartbeat, f.heartbeat)
+	mux.HandleFunc("GET "+protocol.PathWork, f.work)
+	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunHeartbeat, "%d", "{id}", 1), f.runHeartbeat)
+	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunResult, "%d", "{id}", 1), f.result)
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func apiError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(protocol.ErrorBody{Error: protocol.ErrorDetail{Code: code, Message: msg}})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (f *fakeAPI) record(r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+}
+
+// authorized checks the node token and answers 401 when it is not valid.
+func (f *fakeAPI) authorized(w http.ResponseWriter, r *http.Request) bool {
+	f.mu.Lock()
+	ok := f.tokens[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+	f.mu.Unlock()
+	if !ok {
+		apiError(w, http.StatusUnauthorized, "unauthorized", "unknown node token")
+	}
+	return ok
+}
+
+func (f *fakeAPI) register(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if r.Header.Get("Authorization") != "Bearer "+enrollToken {
+		apiError(w, http.StatusForbidden, "forbidden", "bad enrollment token")
+		return
+	}
+	var req protocol.RegisterRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		apiError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.registerFailures > 0 {
+		f.registerFailures--
+		apiError(w, http.StatusServiceUnavailable, "unavailable", "database is starting")
+		return
+	}
+	f.registers = append(f.registers, req)
+	f.tokens[nodeToken] = true
+	writeJSON(w, protocol.RegisterResponse{NodeID: nodeID, Name: req.Name, Token: nodeToken})
+}
+
+func (f *fakeAPI) heartbeat(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if !f.authorized(w, r) {
+		return
+	}
+	var req protocol.HeartbeatRequest
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	f.mu.Lock()
+	f.heartbeats = append(f.heartbeats, req)
+	f.mu.Unlock()
+	writeJSON(w, protocol.HeartbeatResponse{NodeID: nodeID, Name: "node1.example.com"})
+}
+
+func (f *fakeAPI) work(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if !f.authorized(w, r) {
+		return
+	}
+	wait, err := time.ParseDuration(r.URL.Query().Get("wait"))
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "bad_request", "wait: "+err.Error())
+		return
+	}
+	f.mu.Lock()
+	f.waits = append(f.waits, r.URL.Query().Get("wait"))
+	f.polling++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.polling--
+		f.mu.Unlock()
+	}()
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
+	for {
+		f.mu.Lock()
+		runs := f.queue
+		f.queue = nil
+		f.mu.Unlock()
+		if len(runs) > 0 {
+			writeJSON(w, protocol.WorkResponse{Runs: runs})
+			return
+		}
+		select {
+		case <-f.notify:
+		case <-timeout.C:
+			writeJSON(w, protocol.WorkResponse{Runs: []protocol.WorkItem{}})
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func runID(r *http.Request) int64 {
+	id, _ := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	return id
+}
+
+func (f *fakeAPI) runHeartbeat(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if !f.authorized(w, r) {
+		return
+	}
+	id := runID(r)
+	f.mu.Lock()
+	f.runHeartbeats[id]++
+	n, after, status := f.runHeartbeats[id], f.cancelAfter[id], f.runHBStatus[id]
+	f.mu.Unlock()
+	if status != 0 {
+		apiError(w, status, "conflict", fmt.Sprintf("run %d is not running", id))
+		return
+	}
+	writeJSON(w, protocol.RunHeartbeatResponse{Cancel: after > 0 && n >= after})
+}
+
+func (f *fakeAPI) result(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if !f.authorized(w, r) {
+		return
+	}
+	id := runID(r)
+	var res protocol.RunResult
+	if err := json.NewDecoder(r.Body).Decode(&res); err != nil {
+		apiError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resultPosts[id]++
+	if f.resultFailures[id] > 0 {
+		f.resultFailures[id]--
+		apiError(w, http.StatusServiceUnavailable, "unavailable", "try later")
+		return
+	}
+	f.results[id] = append(f.results[id], res)
+	if st := f.resultStatus[id]; st != 0 {
+		apiError(w, st, "conflict", fmt.Sprintf("run %d was not awaiting a result", id))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (f *fakeAPI) push(items ...protocol.WorkItem) {
+	f.mu.Lock()
+	f.queue = append(f.queue, items...)
+	f.mu.Unlock()
+	select {
+	case f.notify <- struct{}{}:
+	default:
+	}
+}
+
+// waitNoPolls waits until no work fetch is being answered, so that a stopped
+// agent's fetch cannot take work meant for the next one.
+func (f *fakeAPI) waitNoPolls(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.polling == 0
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
+func (f *fakeAPI) revokeTokens() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.tokens)
+}
+
+// waitResults waits until run id has n recorded results and returns them.
+func (f *fakeAPI) waitResults(t *testing.T, id int64, n int) []protocol.RunResult {
+	t.Helper()
+	var got []protocol.RunResult
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		got = append([]protocol.RunResult(nil), f.results[id]...)
+		return len(got) >= n
+	}, 10*time.Second, 10*time.Millisecond, "results of run %d", id)
+	return got
+}
+
+func (f *fakeAPI) snapshot() (registers []protocol.RegisterRequest, heartbeats []protocol.HeartbeatRequest, calls []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]protocol.RegisterRequest(nil), f.registers...),
+		append([]protocol.HeartbeatRequest(nil), f.heartbeats...),
+		append([]string(nil), f.calls...)
+}
+
+func (f *fakeAPI) count(m map[int64]int, id int64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return m[id]
+}
+
+// testConfig returns fast settings for the agent in dir.
+func testConfig(t *testing.T, f *fakeAPI, dir string) daemon.Config {
+	return daemon.Config{
+		APIURL:            f.srv.URL,
+		Name:              "node1.example.com",
+		EnrollToken:       enrollToken,
+		WorkDir:           dir,
+		Address:           "10.0.0.5:7000",
+		HeartbeatEvery:    50 * time.Millisecond,
+		RunHeartbeatEvery: 50 * time.Millisecond,
+		PollWait:          time.Second,
+		RetryMin:          10 * time.Millisecond,
+		RetryMax:          50 * time.Millisecond,
+		Logger:            slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+}
+
+// start runs the agent in the background; the returned function stops it
+// and returns Run's error.
+func start(t *testing.T, cfg daemon.Config) (stop func() error, done <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	var err error
+	go func() {
+		defer close(finished)
+		err = daemon.Run(ctx, cfg)
+	}()
+	errc := make(chan error, 1)
+	go func() {
+		<-finished
+		errc <- err
+	}()
+	stop = func() error {
+		cancel()
+		select {
+		case <-finished:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context was cancelled")
+		}
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop, errc
+}
+
+func work(id int64, attempt int, cmd string) protocol.WorkItem {
+	return protocol.WorkItem{RunID: id, Attempt: attempt, TransactionID: "tx-e2e", Graph: "deployment",
+		Task: fmt.Sprintf("task%d", id), Type: "shell", Command: cmd, TimeoutSec: 30}
+}
+
+func lines(t *testing.T, path string) int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return strings.Count(string(data), "\n")
+}
+
+func TestRunRegistersExecutesAndRestartsWithCredential(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	stop, _ := start(t, testConfig(t, f, dir))
+
+	f.push(
+		work(1, 1, `echo hello; echo ran >> "$ANNEAL_WORKDIR/count-1"; echo greeting=hi > "$ANNEAL_OUTPUTS"`),
+		work(2, 3, `echo oops >&2; exit 4`),
+	)
+	r1 := f.waitResults(t, 1, 1)[0]
+	assert.Equal(t, 1, r1.Attempt)
+	assert.Equal(t, 0, r1.ExitCode)
+	assert.Equal(t, "hello\n", r1.StdoutTail)
+	assert.Equal(t, map[string]string{"greeting": "hi"}, r1.Outputs)
+	r2 := f.waitResults(t, 2, 1)[0]
+	assert.Equal(t, 3, r2.Attempt)
+	assert.Equal(t, 4, r2.ExitCode)
+	assert.Equal(t, "oops\n", r2.StderrTail)
+	assert.FileExists(t, filepath.Join(dir, "logs", "tx-e2e", "task2.2.3.log"))
+
+	// The same (run, attempt) handed out again is not run twice; a new
+	// attempt of the same run is.
+	f.push(work(1, 1, `echo ran >> "$ANNEAL_WORKDIR/count-1"`), work(3, 1, "true"))
+	f.waitResults(t, 3, 1)
+	f.push(work(1, 2, `echo ran >> "$ANNEAL_WORKDIR/count-1"`))
+	r1b := f.waitResults(t, 1, 2)
+	assert.Equal(t, 2, r1b[1].Attempt)
+	assert.Equal(t, 2, lines(t, filepath.Join(dir, "count-1")))
+	assert.Equal(t, 1, f.count(f.resultPosts, 3))
+
+	// Node heartbeats flow with the node token.
+	require.Eventually(t, func() bool {
+		_, hbs, _ := f.snapshot()
+		return len(hbs) >= 2
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, stop())
+	f.waitNoPolls(t)
+
+	regs, hbs, calls := f.snapshot()
+	require.Len(t, regs, 1)
+	assert.Equal(t, "node1.example.com", regs[0].Name)
+	assert.Equal(t, "10.0.0.5:7000", regs[0].Address)
+	assert.NotEmpty(t, regs[0].BootID)
+	for _, hb := range hbs {
+		assert.Equal(t, regs[0].BootID, hb.BootID)
+		assert.Equal(t, "10.0.0.5:7000", hb.Address)
+	}
+	for _, c := range calls {
+		if strings.HasPrefix(c, "POST "+protocol.PathRegister) {
+			assert.Equal(t, "POST "+protocol.PathRegister+" Bearer "+enrollToken, c)
+		} else {
+			assert.True(t, strings.HasSuffix(c, " Bearer "+nodeToken), c)
+		}
+	}
+	f.mu.Lock()
+	assert.Contains(t, f.waits, "1s")
+	f.mu.Unlock()
+
+	// The credential is stored, private.
+	credPath := filepath.Join(dir, daemon.CredentialFile)
+	st, err := os.Stat(credPath)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	cred, err := daemon.LoadCredential(credPath)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.Credential{NodeID: nodeID, Name: "node1.example.com", Token: nodeToken, APIURL: f.srv.URL}, cred)
+
+	// A restart uses the stored credential, needs no enrollment token and
+	// does not register again; it has a new boot id.
+	cfg := testConfig(t, f, dir)
+	cfg.EnrollToken = ""
+	stop2, _ := start(t, cfg)
+	f.push(work(4, 1, `echo again`))
+	r4 := f.waitResults(t, 4, 1)[0]
+	assert.Equal(t, "again\n", r4.StdoutTail)
+	require.NoError(t, stop2())
+
+	regs, hbs2, _ := f.snapshot()
+	assert.Len(t, regs, 1)
+	require.Greater(t, len(hbs2), len(hbs))
+	assert.NotEqual(t, regs[0].BootID, hbs2[len(hbs2)-1].BootID)
+}
+
+func TestRunHeartbeatsAndCancel(t *testing.T) {
+	f := newFakeAPI(t)
+	f.cancelAfter[10] = 3
+	start(t, testConfig(t, f, t.TempDir()))
+
+	began := time.Now()
+	f.push(work(10, 1, `sleep 30`), work(11, 1, `echo next`))
+	r := f.waitResults(t, 10, 1)[0]
+	assert.Less(t, time.Since(began), 8*time.Second)
+	assert.Equal(t, -1, r.ExitCode)
+	assert.Equal(t, "cancelled: the API asked to cancel the run", r.Error)
+	assert.Equal(t, 1, r.Attempt)
+	assert.GreaterOrEqual(t, f.count(f.runHeartbeats, 10), 3)
+
+	// The agent goes on with the next run.
+	assert.Equal(t, "next\n", f.waitResults(t, 11, 1)[0].StdoutTail)
+}
+
+func TestRunAbandonedOnConflictAndRefusedReport(t *testing.T) {
+	f := newFakeAPI(t)
+	f.runHBStatus[20] = http.StatusConflict
+	f.resultStatus[20] = http.StatusConflict
+	start(t, testConfig(t, f, t.TempDir()))
+
+	f.push(work(20, 2, `sleep 30`), work(21, 1, `echo next`))
+	r := f.waitResults(t, 20, 1)[0]
+	assert.Equal(t, -1, r.ExitCode)
+	assert.Equal(t, "cancelled: the API no longer awaits the run: run 20 is not running", r.Error)
+	assert.Equal(t, 2, r.Attempt)
+
+	// A 4xx answer to the report is final: no retry, the agent moves on.
+	f.waitResults(t, 21, 1)
+	assert.Equal(t, 1, f.count(f.resultPosts, 20))
+}
+
+func TestRunRetriesReportAfter503(t *testing.T) {
+	f := newFakeAPI(t)
+	f.resultFailures[30] = 3
+	start(t, testConfig(t, f, t.TempDir()))
+
+	f.push(work(30, 1, `echo done`))
+	r := f.waitResults(t, 30, 1)[0]
+	assert.Equal(t, "done\n", r.StdoutTail)
+	assert.Equal(t, 4, f.count(f.resultPosts, 30))
+}
+
+func TestRunStopCancelsRunningCommand(t *testing.T) {
+	f := newFakeAPI(t)
+	stop, _ := start(t, testConfig(t, f, t.TempDir()))
+
+	f.push(work(40, 1, `echo started; sleep 30`))
+	require.Eventually(t, func() bool { return f.count(f.runHeartbeats, 40) > 0 }, 5*time.Second, 10*time.Millisecond)
+	began := time.Now()
+	require.NoError(t, stop())
+	assert.Less(t, time.Since(began), 5*time.Second)
+
+	// The interrupted run is reported, best effort.
+	r := f.waitResults(t, 40, 1)[0]
+	assert.Equal(t, "cancelled: the agent is stopping", r.Error)
+	assert.Equal(t, "started\n", r.StdoutTail)
+}
+
+func TestRunRejectedStoredCredential(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	credPath := filepath.Join(dir, daemon.CredentialFile)
+	require.NoError(t, daemon.SaveCredential(credPath, daemon.Credential{NodeID: 3, Name: "node1.example.com", Token: "stale", APIURL: f.srv.URL}))
+
+	cfg := testConfig(t, f, dir)
+	cfg.APIURL = "" // taken from the credential
+	_, done := start(t, cfg)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not fail on a rejected credential")
+	}
+	require.ErrorIs(t, err, daemon.ErrCredentialRejected)
+	assert.Contains(t, err.Error(), "unknown node token")
+	assert.Contains(t, err.Error(), "delete "+credPath)
+	assert.Contains(t, err.Error(), "re-enroll")
+
+	regs, _, calls := f.snapshot()
+	assert.Empty(t, regs)
+	assert.Equal(t, []string{"POST " + protocol.PathHeartbeat + " Bearer stale"}, calls)
+}
+
+func TestRunCredentialRevokedWhileRunning(t *testing.T) {
+	f := newFakeAPI(t)
+	_, done := start(t, testConfig(t, f, t.TempDir()))
+	require.Eventually(t, func() bool {
+		_, hbs, _ := f.snapshot()
+		return len(hbs) > 0
+	}, 5*time.Second, 10*time.Millisecond)
+
+	f.revokeTokens()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, daemon.ErrCredentialRejected)
+		assert.Contains(t, err.Error(), "delete ")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not fail on a revoked credential")
+	}
+}
+
+func TestRunRegistrationRefused(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	cfg := testConfig(t, f, dir)
+	cfg.EnrollToken = "wrong"
+	err := daemon.Run(context.Background(), cfg)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "bad enrollment token")
+	assert.Contains(t, err.Error(), "403")
+	assert.NoFileExists(t, filepath.Join(dir, daemon.CredentialFile))
+}
+
+func TestRunRegistrationRetriedAfter503(t *testing.T) {
+	f := newFakeAPI(t)
+	f.registerFailures = 2
+	dir := t.TempDir()
+	start(t, testConfig(t, f, dir))
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(dir, daemon.CredentialFile))
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+	regs, _, calls := f.snapshot()
+	assert.Len(t, regs, 1)
+	n := 0
+	for _, c := range calls {
+		if strings.HasPrefix(c, "POST "+protocol.PathRegister) {
+			n++
+		}
+	}
+	assert.Equal(t, 3, n)
+}
+
+func TestRunNeedsEnrollTokenWithoutCredential(t *testing.T) {
+	f := newFakeAPI(t)
+	cfg := testConfig(t, f, t.TempDir())
+	cfg.EnrollToken = ""
+	err := daemon.Run(context.Background(), cfg)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no enrollment token")
+	_, _, calls := f.snapshot()
+	assert.Empty(t, calls)
+}
+
+func TestRunStopsWhileRegistrationRetries(t *testing.T) {
+	// Nothing listens: registration keeps failing until the context ends,
+	// and Run then returns nil.
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	f := &fakeAPI{srv: &httptest.Server{URL: url}}
+	cfg := testConfig(t, f, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	assert.NoError(t, daemon.Run(ctx, cfg))
+}

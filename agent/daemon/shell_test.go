@@ -1,0 +1,285 @@
+package daemon_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/agent/daemon"
+	"github.com/anneal-dev/anneal/agent/protocol"
+)
+
+func newExecutor(t *testing.T) *daemon.ShellExecutor {
+	t.Helper()
+	return &daemon.ShellExecutor{WorkDir: t.TempDir(), NodeName: "node1.example.com", KillGrace: 500 * time.Millisecond}
+}
+
+func item(cmd string) protocol.WorkItem {
+	return protocol.WorkItem{RunID: 42, Attempt: 2, TransactionID: "tx-1", Graph: "deployment", Task: "hello", Type: "shell", Command: cmd, TimeoutSec: 30}
+}
+
+func TestShellExitCodeAndLog(t *testing.T) {
+	e := newExecutor(t)
+	res := e.Execute(context.Background(), item("echo out1; echo err1 >&2; echo out2; printf partial; exit 3"))
+	assert.Equal(t, 3, res.ExitCode)
+	assert.Empty(t, res.Error)
+	assert.False(t, res.Succeeded())
+	assert.Equal(t, 2, res.Attempt)
+	assert.Equal(t, "out1\nout2\npartial", res.StdoutTail)
+	assert.Equal(t, "err1\n", res.StderrTail)
+	assert.False(t, res.StartedAt.IsZero())
+	assert.False(t, res.FinishedAt.Before(res.StartedAt))
+
+	path := filepath.Join(e.WorkDir, "logs", "tx-1", "hello.42.2.log")
+	assert.Equal(t, path, e.LogPath(item("")))
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	log := string(data)
+	assert.Contains(t, log, "out| out1\n")
+	assert.Contains(t, log, "err| err1\n")
+	assert.Contains(t, log, "out| out2\n")
+	assert.Contains(t, log, "out| partial\n")
+	assert.Contains(t, log, "# command: echo out1")
+	assert.Contains(t, log, "exit code 3")
+	assert.Less(t, strings.Index(log, "out| out1"), strings.Index(log, "out| out2"))
+}
+
+func TestShellSuccessAndEnvironment(t *testing.T) {
+	t.Setenv("ANNEAL_ENROLL_TOKEN", "secret")
+	t.Setenv("AGENT_OWN_VAR", "inherited")
+	e := newExecutor(t)
+	it := item(`echo "$ANNEAL_NODE|$ANNEAL_RUN_ID|$ANNEAL_ATTEMPT|$ANNEAL_TASK|$ANNEAL_TRANSACTION|$ANNEAL_GRAPH|$ANNEAL_WORKDIR|$FOO|$AGENT_OWN_VAR|${ANNEAL_ENROLL_TOKEN:-none}|$(pwd)"
+test -f "$ANNEAL_OUTPUTS" && test ! -s "$ANNEAL_OUTPUTS"`)
+	it.Env = map[string]string{"FOO": "bar baz", "ANNEAL_NODE": "spoofed"}
+	res := e.Execute(context.Background(), it)
+	require.True(t, res.Succeeded(), "error %q, stderr %q", res.Error, res.StderrTail)
+	want := strings.Join([]string{"node1.example.com", "42", "2", "hello", "tx-1", "deployment", e.WorkDir, "bar baz", "inherited", "none", e.WorkDir}, "|")
+	assert.Equal(t, want+"\n", res.StdoutTail)
+	assert.Nil(t, res.Outputs)
+}
+
+func TestShellTailsAreTruncated(t *testing.T) {
+	e := newExecutor(t)
+	res := e.Execute(context.Background(), item(`i=0; while [ $i -lt 2000 ]; do echo "line $i"; echo "eline $i" >&2; i=$((i+1)); done; printf END; printf EEND >&2`))
+	require.True(t, res.Succeeded(), res.Error)
+	assert.Len(t, res.StdoutTail, protocol.MaxTailBytes)
+	assert.Len(t, res.StderrTail, protocol.MaxTailBytes)
+	assert.True(t, strings.HasSuffix(res.StdoutTail, "line 1999\nEND"))
+	assert.True(t, strings.HasSuffix(res.StderrTail, "eline 1999\nEEND"))
+
+	data, err := os.ReadFile(e.LogPath(item("")))
+	require.NoError(t, err)
+	assert.Contains(t, string(data), "out| line 0\n")
+	assert.Contains(t, string(data), "err| eline 0\n")
+	assert.Contains(t, string(data), "out| line 1999\n")
+	assert.Equal(t, 2000, strings.Count(string(data), "err| eline "))
+}
+
+func TestShellTailKeepsValidUTF8(t *testing.T) {
+	e := newExecutor(t)
+	// 3000 two-byte characters, then an odd byte so that the cut falls inside one.
+	res := e.Execute(context.Background(), item(`i=0; while [ $i -lt 3000 ]; do printf 'é'; i=$((i+1)); done; printf x`))
+	require.True(t, res.Succeeded(), res.Error)
+	assert.LessOrEqual(t, len(res.StdoutTail), protocol.MaxTailBytes)
+	assert.Greater(t, len(res.StdoutTail), protocol.MaxTailBytes-4)
+	assert.Equal(t, strings.Repeat("é", (len(res.StdoutTail)-1)/2)+"x", res.StdoutTail)
+}
+
+func TestShellOutputs(t *testing.T) {
+	cases := map[string]struct {
+		cmd  string
+		want map[string]string
+	}{
+		"json": {
+			cmd:  `printf '  {"ip": "10.0.0.1", "note": "a = b", "empty": ""}\n' > "$ANNEAL_OUTPUTS"`,
+			want: map[string]string{"ip": "10.0.0.1", "note": "a = b", "empty": ""},
+		},
+		"key=value": {
+			cmd: `cat > "$ANNEAL_OUTPUTS" <<'EOF'
+# a comment
+
+ip=10.0.0.1
+ url = http://x/?a=b 
+dup=1
+dup=2
+empty=
+EOF`,
+			want: map[string]string{"ip": "10.0.0.1", "url": "http://x/?a=b", "dup": "2", "empty": ""},
+		},
+		"appended lines": {
+			cmd:  `echo a=1 >> "$ANNEAL_OUTPUTS"; echo b=2 >> "$ANNEAL_OUTPUTS"`,
+			want: map[string]string{"a": "1", "b": "2"},
+		},
+		"nothing written": {cmd: `true`},
+		"file removed":    {cmd: `rm "$ANNEAL_OUTPUTS"`},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			res := newExecutor(t).Execute(context.Background(), item(c.cmd))
+			require.True(t, res.Succeeded(), res.Error)
+			assert.Equal(t, c.want, res.Outputs)
+		})
+	}
+}
+
+func TestShellMalformedOutputs(t *testing.T) {
+	cases := map[string]struct{ cmd, errPart string }{
+		"line without =":   {`printf 'a=1\n\njust text\n' > "$ANNEAL_OUTPUTS"`, `line 3: expected key=value, got "just text"`},
+		"empty key":        {`echo '=1' > "$ANNEAL_OUTPUTS"`, "line 1: expected key=value"},
+		"bad json":         {`echo '{"a": ' > "$ANNEAL_OUTPUTS"`, "not a JSON object"},
+		"non-string value": {`echo '{"a": 1}' > "$ANNEAL_OUTPUTS"`, `value of "a" must be a JSON string`},
+		"trailing data":    {`echo '{"a": "1"} x' > "$ANNEAL_OUTPUTS"`, "after the JSON object"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			res := newExecutor(t).Execute(context.Background(), item(c.cmd))
+			assert.Equal(t, 0, res.ExitCode)
+			assert.False(t, res.Succeeded())
+			assert.Contains(t, res.Error, c.errPart)
+			assert.Contains(t, res.Error, "outputs file")
+		})
+	}
+}
+
+func TestShellOutputsKeptOnFailure(t *testing.T) {
+	res := newExecutor(t).Execute(context.Background(), item(`echo reason=disk full > "$ANNEAL_OUTPUTS"; exit 1`))
+	assert.Equal(t, 1, res.ExitCode)
+	assert.Equal(t, map[string]string{"reason": "disk full"}, res.Outputs)
+}
+
+// alive reports whether pid is a live (not zombie) process.
+func alive(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	require.NoError(t, err)
+	return pid
+}
+
+func TestShellTimeoutKillsProcessGroup(t *testing.T) {
+	e := newExecutor(t)
+	it := item(`sleep 60 & echo $! > "$ANNEAL_WORKDIR/grandchild.pid"; echo started; sleep 60`)
+	it.TimeoutSec = 1
+	start := time.Now()
+	res := e.Execute(context.Background(), it)
+	elapsed := time.Since(start)
+
+	assert.Less(t, elapsed, 3*time.Second)
+	assert.GreaterOrEqual(t, elapsed, time.Second)
+	assert.Equal(t, "timed out after 1s", res.Error)
+	assert.Equal(t, -1, res.ExitCode)
+	assert.Equal(t, "started\n", res.StdoutTail)
+	pid := readPID(t, filepath.Join(e.WorkDir, "grandchild.pid"))
+	assert.Eventually(t, func() bool { return !alive(pid) }, 2*time.Second, 20*time.Millisecond, "grandchild %d survived", pid)
+}
+
+func TestShellTimeoutEscalatesToSIGKILL(t *testing.T) {
+	e := newExecutor(t)
+	it := item(`trap '' TERM; sleep 60 & echo $! > "$ANNEAL_WORKDIR/grandchild.pid"; while :; do sleep 1; done`)
+	it.TimeoutSec = 1
+	start := time.Now()
+	res := e.Execute(context.Background(), it)
+	elapsed := time.Since(start)
+
+	assert.Less(t, elapsed, 1*time.Second+e.KillGrace+1500*time.Millisecond)
+	assert.GreaterOrEqual(t, elapsed, 1*time.Second+e.KillGrace)
+	assert.Equal(t, "timed out after 1s", res.Error)
+	assert.Equal(t, -1, res.ExitCode)
+	pid := readPID(t, filepath.Join(e.WorkDir, "grandchild.pid"))
+	assert.Eventually(t, func() bool { return !alive(pid) }, 2*time.Second, 20*time.Millisecond, "grandchild %d survived", pid)
+}
+
+func TestShellCancel(t *testing.T) {
+	e := newExecutor(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start := time.Now()
+	res := e.Execute(ctx, item(`sleep 60`))
+	assert.Less(t, time.Since(start), 2*time.Second)
+	assert.Equal(t, "cancelled", res.Error)
+	assert.Equal(t, -1, res.ExitCode)
+}
+
+func TestShellCancelWithCause(t *testing.T) {
+	e := newExecutor(t)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(100*time.Millisecond, func() { cancel(assert.AnError) })
+	res := e.Execute(ctx, item(`sleep 60`))
+	assert.Equal(t, "cancelled: "+assert.AnError.Error(), res.Error)
+	assert.Equal(t, -1, res.ExitCode)
+}
+
+func TestShellBackgroundProcessHoldingOutput(t *testing.T) {
+	e := newExecutor(t)
+	start := time.Now()
+	res := e.Execute(context.Background(), item(`sleep 5 & echo done`))
+	assert.Less(t, time.Since(start), 3*time.Second)
+	assert.True(t, res.Succeeded(), res.Error)
+	assert.Equal(t, "done\n", res.StdoutTail)
+}
+
+func TestShellUnsupportedType(t *testing.T) {
+	it := item("true")
+	it.Type = "reboot"
+	res := newExecutor(t).Execute(context.Background(), it)
+	assert.Equal(t, `unsupported task type "reboot" on the agent`, res.Error)
+	assert.Equal(t, -1, res.ExitCode)
+
+	it.Type = ""
+	res = newExecutor(t).Execute(context.Background(), it)
+	assert.True(t, res.Succeeded(), res.Error)
+}
+
+func TestShellCannotStart(t *testing.T) {
+	e := newExecutor(t)
+	e.Shell = "/nonexistent/sh"
+	res := e.Execute(context.Background(), item("true"))
+	assert.Equal(t, -1, res.ExitCode)
+	assert.Contains(t, res.Error, "cannot start command")
+	assert.False(t, res.FinishedAt.IsZero())
+}
+
+func TestShellEmptyCommand(t *testing.T) {
+	res := newExecutor(t).Execute(context.Background(), item("  "))
+	assert.Equal(t, "shell task has no command", res.Error)
+	assert.Equal(t, -1, res.ExitCode)
+}
+
+func TestShellDefaultTimeout(t *testing.T) {
+	e := newExecutor(t)
+	e.DefaultTimeout = 300 * time.Millisecond
+	it := item("sleep 60")
+	it.TimeoutSec = 0
+	res := e.Execute(context.Background(), it)
+	assert.Equal(t, "timed out after 300ms", res.Error)
+}
+
+func TestShellUnsafeNamesStayInLogDir(t *testing.T) {
+	e := newExecutor(t)
+	it := item("echo hi")
+	it.TransactionID = ".."
+	it.Task = "../../etc/passwd"
+	res := e.Execute(context.Background(), it)
+	require.True(t, res.Succeeded(), res.Error)
+	path := e.LogPath(it)
+	assert.True(t, strings.HasPrefix(path, filepath.Join(e.WorkDir, "logs")+string(filepath.Separator)), path)
+	assert.FileExists(t, path)
+}

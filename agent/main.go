@@ -1,0 +1,55 @@
+// Command agent is the anneal node agent. It registers the node with the
+// anneal API (once, with an enrollment token; the credential it gets is kept
+// in the work directory), then fetches the runs handed to the node, executes
+// them and reports their results until it receives SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/anneal-dev/anneal/agent/daemon"
+)
+
+func main() {
+	hostname, _ := os.Hostname()
+	var cfg daemon.Config
+	var debug, jsonLogs bool
+	flag.StringVar(&cfg.APIURL, "api", os.Getenv("ANNEAL_URL"), "base URL of the anneal API (default $ANNEAL_URL)")
+	flag.StringVar(&cfg.Name, "name", hostname, "node name (FQDN inside the admin DNS domain)")
+	flag.BoolVar(&cfg.Admin, "admin", false, "register the node as an admin node")
+	flag.StringVar(&cfg.EnrollToken, "enroll-token", os.Getenv("ANNEAL_ENROLL_TOKEN"), "enrollment token for the first registration (default $ANNEAL_ENROLL_TOKEN)")
+	flag.StringVar(&cfg.WorkDir, "workdir", "./anneal-agent", "work directory: credential, run logs, commands' working directory")
+	flag.StringVar(&cfg.Address, "address", "", "host:port where peers can reach this node, if anywhere")
+	flag.BoolVar(&debug, "debug", false, "log at debug level")
+	flag.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "agent: unexpected arguments %q\n", flag.Args())
+		flag.Usage()
+		os.Exit(2)
+	}
+
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if debug {
+		opts.Level = slog.LevelDebug
+	}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+	if jsonLogs {
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	}
+	cfg.Logger = slog.New(h)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := daemon.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		stop()
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,126 @@
+package models
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-gormigrate/gormigrate/v2"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Store is anneal's access to Postgres. Every method that writes does so in
+// one database transaction, so a failed request leaves nothing half-written.
+type Store struct {
+	DB *gorm.DB
+	// Domain is the admin DNS domain every node name must lie in.
+	Domain string
+}
+
+// Open connects to Postgres at url. It does not migrate.
+func Open(ctx context.Context, url string) (*gorm.DB, error) {
+	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
+		Logger:                 logger.Discard,
+		SkipDefaultTransaction: true,
+		NowFunc:                func() time.Time { return time.Now().UTC() },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	sqlDB.SetMaxOpenConns(20)
+	sqlDB.SetMaxIdleConns(10)
+	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+	if err := sqlDB.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("ping database: %w", err)
+	}
+	return db, nil
+}
+
+// Migrate applies every migration in models/migrations that the database has
+// not seen yet, in file-name order, each in its own transaction.
+func Migrate(ctx context.Context, db *gorm.DB) error {
+	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		return fmt.Errorf("list migrations: %w", err)
+	}
+	sort.Strings(names)
+	var migrations []*gormigrate.Migration
+	for _, name := range names {
+		body, err := migrationFiles.ReadFile(name)
+		if err != nil {
+			return fmt.Errorf("read migration %s: %w", name, err)
+		}
+		id := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
+		sql := string(body)
+		migrations = append(migrations, &gormigrate.Migration{
+			ID: id,
+			Migrate: func(tx *gorm.DB) error {
+				if err := tx.Exec(sql).Error; err != nil {
+					return fmt.Errorf("migration %s: %w", id, err)
+				}
+				return nil
+			},
+		})
+	}
+	// Two processes starting at once must not both migrate.
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SELECT pg_advisory_xact_lock(7262736)").Error; err != nil {
+			return fmt.Errorf("lock for migration: %w", err)
+		}
+		opts := *gormigrate.DefaultOptions
+		opts.UseTransaction = false // already inside one
+		if err := gormigrate.New(tx, &opts, migrations).Migrate(); err != nil {
+			return fmt.Errorf("migrate schema: %w", err)
+		}
+		return nil
+	})
+}
+
+// Errors the API turns into status codes.
+var (
+	// ErrNotFound means the addressed object does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrForbidden means the caller may not touch the object.
+	ErrForbidden = errors.New("forbidden")
+)
+
+// InputError is bad input naming the field and the reason; the API answers
+// it with 422 (or the Status set).
+type InputError struct {
+	Field   string
+	Reason  string
+	Details map[string]any
+	Status  int
+}
+
+// Error formats the field and the reason.
+func (e *InputError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+
+// Invalid returns an InputError for field.
+func Invalid(field, format string, args ...any) *InputError {
+	return &InputError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// ConflictError means the request clashes with existing state (409).
+type ConflictError struct{ Reason string }
+
+// Error returns the reason.
+func (e *ConflictError) Error() string { return e.Reason }
+
+func notFound(what string, key any) error {
+	return fmt.Errorf("%s %v: %w", what, key, ErrNotFound)
+}

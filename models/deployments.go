@@ -1,0 +1,97 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"gorm.io/gorm"
+)
+
+// findDeployment looks a deployment up by id (all digits) or by name.
+func findDeployment(tx *gorm.DB, ref string) (*Deployment, error) {
+	var dep Deployment
+	q := tx
+	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
+		q = q.Where("id = ?", id)
+	} else {
+		q = q.Where("name = ?", ref)
+	}
+	err := q.Take(&dep).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("deployment", ref)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load deployment %s: %w", ref, err)
+	}
+	return &dep, nil
+}
+
+// Deployment finds a deployment by id or name.
+func (s *Store) Deployment(ctx context.Context, ref string) (*Deployment, error) {
+	return findDeployment(s.DB.WithContext(ctx), ref)
+}
+
+// Deployments lists every deployment.
+func (s *Store) Deployments(ctx context.Context) ([]Deployment, error) {
+	var deps []Deployment
+	if err := s.DB.WithContext(ctx).Order("id").Find(&deps).Error; err != nil {
+		return nil, fmt.Errorf("list deployments: %w", err)
+	}
+	return deps, nil
+}
+
+// DeploymentInput creates a deployment.
+type DeploymentInput struct {
+	Name    string `json:"name"`
+	Parent  string `json:"parent"`  // name or id; default system
+	Release string `json:"release"` // name, name@version or id
+}
+
+// CreateDeployment validates and creates a deployment.
+func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Deployment, error) {
+	if in.Name == "" {
+		return nil, Invalid("name", "is required")
+	}
+	if _, err := strconv.ParseInt(in.Name, 10, 64); err == nil {
+		return nil, Invalid("name", "%q must not be a number (numbers address deployments by id)", in.Name)
+	}
+	var dep *Deployment
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		parentRef := in.Parent
+		if parentRef == "" {
+			parentRef = SystemDeployment
+		}
+		parent, err := findDeployment(tx, parentRef)
+		if errors.Is(err, ErrNotFound) {
+			return Invalid("parent", "no deployment named or numbered %q", parentRef)
+		}
+		if err != nil {
+			return err
+		}
+		dep = &Deployment{Name: in.Name, ParentID: &parent.ID}
+		if in.Release != "" {
+			rel, err := findRelease(tx, in.Release)
+			if errors.Is(err, ErrNotFound) {
+				return Invalid("release", "no release %q", in.Release)
+			}
+			if err != nil {
+				return err
+			}
+			dep.ReleaseID = &rel.ID
+		}
+		var count int64
+		if err := tx.Model(&Deployment{}).Where("name = ?", in.Name).Count(&count).Error; err != nil {
+			return fmt.Errorf("check deployment name: %w", err)
+		}
+		if count > 0 {
+			return &ConflictError{Reason: fmt.Sprintf("a deployment named %q already exists", in.Name)}
+		}
+		if err := tx.Create(dep).Error; err != nil {
+			return fmt.Errorf("create deployment %q: %w", in.Name, err)
+		}
+		return nil
+	})
+	return dep, err
+}

@@ -1,0 +1,219 @@
+// Package models is anneal's persistent domain model: the GORM types, the
+// versioned schema migrations and the queries the API and the activities use.
+// Postgres is the source of truth; workflows only carry IDs.
+package models
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/anneal-dev/anneal/models/plan"
+)
+
+// Token scopes: an admin token drives the whole API, an enroll token may only
+// register new agents.
+const (
+	ScopeAdmin  = "admin"
+	ScopeEnroll = "enroll"
+)
+
+// APIToken is an operator credential; only its SHA-256 hash is stored.
+type APIToken struct {
+	ID         int64
+	Name       string
+	Scope      string
+	TokenHash  string `json:"-"`
+	CreatedAt  time.Time
+	LastUsedAt *time.Time
+}
+
+// Release is a bundle of roles, tags metadata and graphs.
+type Release struct {
+	ID           int64                  `json:"id"`
+	Name         string                 `json:"name"`
+	Version      string                 `json:"version"`
+	TagsMetadata map[string]TagMetadata `json:"tags_metadata" gorm:"serializer:json"`
+	Roles        []Role                 `json:"roles,omitempty"`
+	CreatedAt    time.Time              `json:"created_at"`
+	UpdatedAt    time.Time              `json:"updated_at"`
+}
+
+// TagMetadata describes a tag declared by a release.
+type TagMetadata struct {
+	Name       string `json:"name,omitempty" yaml:"name,omitempty"`
+	HasPrimary bool   `json:"has_primary,omitempty" yaml:"has_primary,omitempty"`
+}
+
+// Role is a unit of functionality bound to nodes; assigning it to a node adds
+// its tags (and its own name) to the node's tags.
+type Role struct {
+	ID        int64          `json:"id"`
+	ReleaseID int64          `json:"release_id"`
+	Name      string         `json:"name"`
+	Title     string         `json:"title"`
+	Jig       string         `json:"jig"`
+	Requires  []string       `json:"requires" gorm:"serializer:json"`
+	Tags      []string       `json:"tags" gorm:"serializer:json"`
+	Flags     []string       `json:"flags" gorm:"serializer:json"`
+	Template  map[string]any `json:"template" gorm:"serializer:json"`
+	CreatedAt time.Time      `json:"created_at"`
+	UpdatedAt time.Time      `json:"updated_at"`
+}
+
+// SystemDeployment is the deployment every discovered node lands in.
+const SystemDeployment = "system"
+
+// Deployment groups nodes (Fuel calls it a cluster).
+type Deployment struct {
+	ID        int64     `json:"id"`
+	Name      string    `json:"name"`
+	ParentID  *int64    `json:"parent_id"`
+	ReleaseID *int64    `json:"release_id"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Node statuses that are stored; the transient ones are computed.
+const (
+	NodeDiscover    = "discover"
+	NodeProvisioned = "provisioned"
+	NodeDeployed    = "deployed"
+)
+
+// Node is a machine anneal manages, named by its FQDN.
+type Node struct {
+	ID             int64          `json:"id"`
+	Name           string         `json:"name"`
+	Admin          bool           `json:"admin"`
+	Allocated      bool           `json:"allocated"`
+	Alive          bool           `json:"alive"`
+	Available      bool           `json:"available"`
+	Status         string         `json:"status"`
+	Progress       int            `json:"progress"`
+	ErrorType      *string        `json:"error_type"`
+	Roles          []string       `json:"roles" gorm:"serializer:json"`
+	Tags           []string       `json:"tags" gorm:"serializer:json"`
+	Attributes     map[string]any `json:"attributes" gorm:"serializer:json"`
+	DeploymentID   int64          `json:"deployment_id"`
+	AgentTokenHash *string        `json:"-"`
+	BootID         string         `json:"boot_id"`
+	Address        string         `json:"address"`
+	LastSeenAt     *time.Time     `json:"last_seen_at"`
+	CreatedAt      time.Time      `json:"created_at"`
+	UpdatedAt      time.Time      `json:"updated_at"`
+}
+
+// Graph owners: graphs of one type merge release → plugin → deployment.
+const (
+	OwnerRelease    = "release"
+	OwnerPlugin     = "plugin"
+	OwnerDeployment = "deployment"
+)
+
+// Graph is a typed set of tasks owned by a release, a plugin or a deployment.
+type Graph struct {
+	ID        int64          `json:"id"`
+	OwnerKind string         `json:"owner_kind"`
+	OwnerID   int64          `json:"owner_id"`
+	Type      string         `json:"type"`
+	Name      string         `json:"name"`
+	Metadata  map[string]any `json:"metadata" gorm:"serializer:json"`
+	Tasks     []plan.Task    `json:"tasks" gorm:"serializer:json"`
+	CreatedAt time.Time      `json:"created_at"`
+	UpdatedAt time.Time      `json:"updated_at"`
+}
+
+// Transaction statuses.
+const (
+	TxPending = "pending"
+	TxRunning = "running"
+	TxReady   = "ready"
+	TxError   = "error"
+	TxStopped = "stopped"
+)
+
+// GraphRequest is one graph of a transaction: its type and optional filters.
+type GraphRequest struct {
+	Type  string   `json:"type"`
+	Nodes []int64  `json:"nodes,omitempty"`
+	Tasks []string `json:"tasks,omitempty"`
+}
+
+// Transaction runs one or more graphs on a deployment, durably.
+type Transaction struct {
+	ID           uuid.UUID      `json:"uuid"`
+	DeploymentID int64          `json:"deployment_id"`
+	Graphs       []GraphRequest `json:"graphs" gorm:"serializer:json"`
+	DryRun       bool           `json:"dry_run"`
+	Force        bool           `json:"force"`
+	Status       string         `json:"status"`
+	Error        string         `json:"error"`
+	WorkflowID   string         `json:"workflow_id"`
+	CreatedAt    time.Time      `json:"created_at"`
+	StartedAt    *time.Time     `json:"started_at"`
+	FinishedAt   *time.Time     `json:"finished_at"`
+}
+
+// Task run states.
+const (
+	RunPlanned   = "planned" // recorded by a dry run; never dispatched
+	RunPending   = "pending"
+	RunRunning   = "running"
+	RunSucceeded = "succeeded"
+	RunFailed    = "failed"
+	RunBlocked   = "blocked"
+	RunSkipped   = "skipped"
+	RunCancelled = "cancelled"
+)
+
+// RunFinal reports whether a run in this state will not change any more
+// within its transaction.
+func RunFinal(state string) bool {
+	switch state {
+	case RunSucceeded, RunFailed, RunBlocked, RunSkipped, RunCancelled, RunPlanned:
+		return true
+	}
+	return false
+}
+
+// RunSpec is what a run executes: the task's parameters as planned.
+type RunSpec struct {
+	Cmd        string `json:"cmd,omitempty"`
+	TimeoutSec int    `json:"timeout_sec"`
+	Retries    int    `json:"retries"`
+}
+
+// TaskRun is one (graph, node, task) of a transaction.
+type TaskRun struct {
+	ID            int64             `json:"id"`
+	TransactionID uuid.UUID         `json:"transaction_id"`
+	GraphIndex    int               `json:"graph_index"`
+	GraphType     string            `json:"graph_type"`
+	NodeID        int64             `json:"node_id"`
+	NodeName      string            `json:"node_name"`
+	TaskName      string            `json:"task_name"`
+	TaskType      string            `json:"task_type"`
+	Position      int               `json:"position"`
+	Spec          RunSpec           `json:"spec" gorm:"serializer:json"`
+	State         string            `json:"state"`
+	Attempt       int               `json:"attempt"`
+	TaskToken     []byte            `json:"-"`
+	ClaimedAt     *time.Time        `json:"claimed_at"`
+	StartedAt     *time.Time        `json:"started_at"`
+	FinishedAt    *time.Time        `json:"finished_at"`
+	ExitCode      *int              `json:"exit_code"`
+	StdoutTail    string            `json:"stdout_tail"`
+	StderrTail    string            `json:"stderr_tail"`
+	Outputs       map[string]string `json:"outputs" gorm:"serializer:json"`
+	Error         string            `json:"error"`
+	InputsHash    string            `json:"inputs_hash"`
+	CreatedAt     time.Time         `json:"created_at"`
+	UpdatedAt     time.Time         `json:"updated_at"`
+}
+
+// RunEdge orders two runs: the parent must succeed before the child starts.
+type RunEdge struct {
+	ParentID int64
+	ChildID  int64
+}

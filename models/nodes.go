@@ -1,0 +1,247 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ValidateNodeName checks that name is a valid lower-case FQDN inside the
+// admin DNS domain, as Crowbar requires of node names.
+func ValidateNodeName(name, domain string) error {
+	if name == "" {
+		return Invalid("name", "is required")
+	}
+	if len(name) > 253 {
+		return Invalid("name", "%q is longer than 253 characters", name)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if !dnsLabel.MatchString(label) {
+			return Invalid("name", "%q is not a valid FQDN: label %q must be 1-63 lower-case letters, digits or inner hyphens", name, label)
+		}
+	}
+	if domain != "" && !strings.HasSuffix(name, "."+domain) {
+		return Invalid("name", "%q is not inside the admin DNS domain %q", name, domain)
+	}
+	return nil
+}
+
+// NodeInput is what an operator or an agent gives to create a node.
+type NodeInput struct {
+	Name    string
+	Admin   bool
+	BootID  string
+	Address string
+	// Deployment is the deployment's name or id; empty means system.
+	Deployment string
+}
+
+// CreateNode validates and creates a node in one transaction. With
+// withCredential it also mints the agent's own token and returns it.
+func (s *Store) CreateNode(ctx context.Context, in NodeInput, withCredential bool) (*Node, string, error) {
+	if err := ValidateNodeName(in.Name, s.Domain); err != nil {
+		return nil, "", err
+	}
+	var node *Node
+	var secret string
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		ref := in.Deployment
+		if ref == "" {
+			ref = SystemDeployment
+		}
+		dep, err := findDeployment(tx, ref)
+		if errors.Is(err, ErrNotFound) {
+			return Invalid("deployment", "no deployment named or numbered %q", ref)
+		}
+		if err != nil {
+			return err
+		}
+		var count int64
+		if err := tx.Model(&Node{}).Where("name = ?", in.Name).Count(&count).Error; err != nil {
+			return fmt.Errorf("check node name: %w", err)
+		}
+		if count > 0 {
+			return &ConflictError{Reason: fmt.Sprintf("a node named %q already exists; an agent restarting keeps its credential file instead of registering again", in.Name)}
+		}
+		node = &Node{
+			Name: in.Name, Admin: in.Admin, Allocated: true, Available: true,
+			Status: NodeDiscover, Progress: 100, Roles: []string{}, Tags: []string{},
+			Attributes: map[string]any{}, DeploymentID: dep.ID, BootID: in.BootID, Address: in.Address,
+		}
+		if withCredential {
+			secret = NewSecret("agt_")
+			hash := HashSecret(secret)
+			node.AgentTokenHash = &hash
+			t := now()
+			node.LastSeenAt = &t
+			node.Alive = true
+		}
+		if err := tx.Create(node).Error; err != nil {
+			return fmt.Errorf("create node %q: %w", in.Name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return node, secret, nil
+}
+
+// TouchNode records an agent heartbeat: the node is alive, with its boot id
+// and address as last reported.
+func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address string) (*Node, error) {
+	updates := map[string]any{"alive": true, "last_seen_at": now(), "boot_id": bootID, "updated_at": now()}
+	if address != "" {
+		updates["address"] = address
+	}
+	res := s.DB.WithContext(ctx).Model(&Node{}).Where("id = ?", nodeID).Updates(updates)
+	if res.Error != nil {
+		return nil, fmt.Errorf("touch node %d: %w", nodeID, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return nil, notFound("node", nodeID)
+	}
+	return s.Node(ctx, strconv.FormatInt(nodeID, 10))
+}
+
+// Node finds a node by id or name.
+func (s *Store) Node(ctx context.Context, ref string) (*Node, error) {
+	var node Node
+	q := s.DB.WithContext(ctx)
+	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
+		q = q.Where("id = ?", id)
+	} else {
+		q = q.Where("name = ?", ref)
+	}
+	err := q.Take(&node).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("node", ref)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load node %s: %w", ref, err)
+	}
+	return &node, nil
+}
+
+// Nodes lists nodes, optionally only those of one deployment.
+func (s *Store) Nodes(ctx context.Context, deploymentID int64) ([]Node, error) {
+	var nodes []Node
+	q := s.DB.WithContext(ctx).Order("name")
+	if deploymentID != 0 {
+		q = q.Where("deployment_id = ?", deploymentID)
+	}
+	if err := q.Find(&nodes).Error; err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	return nodes, nil
+}
+
+// NodeUpdate changes a node's deployment and role assignment.
+type NodeUpdate struct {
+	Deployment *string   // name or id
+	Roles      *[]string // the complete new role list
+}
+
+// UpdateNode moves a node and assigns roles in one transaction. Assigning a
+// role adds the role's tags and its own name to the node's tags; removing a
+// role removes the tags it brought (tags added by hand stay).
+func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Node, error) {
+	var out *Node
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		node, err := (&Store{DB: tx}).Node(ctx, ref)
+		if err != nil {
+			return err
+		}
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(node, node.ID).Error; err != nil {
+			return fmt.Errorf("lock node %s: %w", ref, err)
+		}
+		dep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+		if err != nil {
+			return err
+		}
+		if up.Deployment != nil {
+			dep, err = findDeployment(tx, *up.Deployment)
+			if errors.Is(err, ErrNotFound) {
+				return Invalid("deployment", "no deployment named or numbered %q", *up.Deployment)
+			}
+			if err != nil {
+				return err
+			}
+			node.DeploymentID = dep.ID
+		}
+		if up.Roles != nil {
+			if dep.ReleaseID == nil && len(*up.Roles) > 0 {
+				return Invalid("roles", "deployment %q has no release, so it has no roles to assign", dep.Name)
+			}
+			var roles []Role
+			if dep.ReleaseID != nil {
+				if err := tx.Where("release_id = ?", *dep.ReleaseID).Find(&roles).Error; err != nil {
+					return fmt.Errorf("load roles: %w", err)
+				}
+			}
+			byName := map[string]Role{}
+			for _, r := range roles {
+				byName[r.Name] = r
+			}
+			for i, name := range *up.Roles {
+				if _, ok := byName[name]; !ok {
+					return Invalid(fmt.Sprintf("roles[%d]", i), "role %q is not in the deployment's release", name)
+				}
+			}
+			node.Tags = reassignRoleTags(node.Tags, node.Roles, *up.Roles, byName)
+			node.Roles = slices.Clone(*up.Roles)
+		}
+		node.UpdatedAt = now()
+		if err := tx.Select("deployment_id", "roles", "tags", "updated_at").Save(node).Error; err != nil {
+			return fmt.Errorf("update node %s: %w", ref, err)
+		}
+		out = node
+		return nil
+	})
+	return out, err
+}
+
+// reassignRoleTags drops the tags brought by roles no longer assigned and
+// adds those of the new roles, keeping the user's own tags.
+func reassignRoleTags(tags, oldRoles, newRoles []string, roles map[string]Role) []string {
+	brought := func(list []string) map[string]bool {
+		set := map[string]bool{}
+		for _, name := range list {
+			set[name] = true
+			for _, t := range roles[name].Tags {
+				set[t] = true
+			}
+		}
+		return set
+	}
+	oldSet, newSet := brought(oldRoles), brought(newRoles)
+	out := []string{}
+	seen := map[string]bool{}
+	for _, t := range tags {
+		if oldSet[t] && !newSet[t] {
+			continue
+		}
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	for _, name := range newRoles {
+		for _, t := range append([]string{name}, roles[name].Tags...) {
+			if !seen[t] {
+				seen[t] = true
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,448 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models/plan"
+)
+
+// WorkChannel is the Postgres NOTIFY channel that wakes the agents' long
+// polls when a run is dispatched; the payload is the node id.
+const WorkChannel = "anneal_work"
+
+// Default task parameters.
+const (
+	DefaultTaskTimeoutSec = 300
+)
+
+// PlannedNode is one node of a planned graph, as the transaction workflow
+// needs it: who to start a child workflow for.
+type PlannedNode struct {
+	ID   int64  `json:"id"`
+	Name string `json:"name"`
+	Runs int    `json:"runs"`
+}
+
+// GraphPlan summarises a planned graph.
+type GraphPlan struct {
+	GraphType string        `json:"graph_type"`
+	DryRun    bool          `json:"dry_run"`
+	Nodes     []PlannedNode `json:"nodes"`
+	Runs      int           `json:"runs"`
+	Warnings  []string      `json:"warnings,omitempty"`
+}
+
+// PlanGraph plans graph gi of a transaction: resolves its tasks to the
+// deployment's nodes, builds the DAG and persists one run per (node, task)
+// with its edges. Planning twice returns the first plan (activities retry).
+func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan, error) {
+	var out *GraphPlan
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var txn Transaction
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				return notFound("transaction", id)
+			}
+			return fmt.Errorf("load transaction %s: %w", id, err)
+		}
+		if gi < 0 || gi >= len(txn.Graphs) {
+			return fmt.Errorf("transaction %s has no graph %d", id, gi)
+		}
+		req := txn.Graphs[gi]
+		if txn.Status == TxPending {
+			if err := tx.Model(&txn).Updates(map[string]any{"status": TxRunning, "started_at": now()}).Error; err != nil {
+				return fmt.Errorf("start transaction %s: %w", id, err)
+			}
+		}
+		out = &GraphPlan{GraphType: req.Type, DryRun: txn.DryRun}
+		var existing int64
+		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND graph_index = ?", id, gi).Count(&existing).Error; err != nil {
+			return fmt.Errorf("check plan of %s graph %d: %w", id, gi, err)
+		}
+		if existing == 0 {
+			var dep Deployment
+			if err := tx.Take(&dep, txn.DeploymentID).Error; err != nil {
+				return fmt.Errorf("load deployment of %s: %w", id, err)
+			}
+			graph, err := resolveGraph(tx, &dep, req.Type)
+			if err != nil {
+				return fmt.Errorf("graph %q: %w", req.Type, err)
+			}
+			nodes, err := plannableNodes(tx, dep.ID)
+			if err != nil {
+				return err
+			}
+			p, err := plan.Build(graph.Tasks, nodes, plan.Options{Nodes: req.Nodes, Tasks: req.Tasks})
+			if err != nil {
+				return &PlanError{Reason: fmt.Sprintf("plan graph %q: %v", req.Type, err)}
+			}
+			out.Warnings = p.Warnings
+			if err := persistPlan(tx, &txn, gi, req.Type, p); err != nil {
+				return err
+			}
+		}
+		var rows []PlannedNode
+		err := tx.Model(&TaskRun{}).Select("node_id AS id, node_name AS name, count(*) AS runs").
+			Where("transaction_id = ? AND graph_index = ?", id, gi).
+			Group("node_id, node_name").Order("node_name").Scan(&rows).Error
+		if err != nil {
+			return fmt.Errorf("summarise plan of %s graph %d: %w", id, gi, err)
+		}
+		out.Nodes = rows
+		for _, n := range rows {
+			out.Runs += n.Runs
+		}
+		return nil
+	})
+	return out, err
+}
+
+// PlanError is a graph that cannot be planned (a cycle, say): retrying will
+// not help, the transaction fails with this reason.
+type PlanError struct{ Reason string }
+
+// Error returns the reason.
+func (e *PlanError) Error() string { return e.Reason }
+
+func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *plan.Plan) error {
+	state := RunPending
+	if txn.DryRun {
+		state = RunPlanned
+	}
+	runs := make([]TaskRun, len(p.Runs))
+	for i, r := range p.Runs {
+		typ := r.Task.Type
+		if typ == "" {
+			typ = "shell"
+		}
+		timeout := r.Task.Parameters.Timeout
+		if timeout <= 0 {
+			timeout = DefaultTaskTimeoutSec
+		}
+		runs[i] = TaskRun{
+			TransactionID: txn.ID, GraphIndex: gi, GraphType: graphType, NodeID: r.NodeID, NodeName: r.NodeName,
+			TaskName: r.Task.ID, TaskType: typ, Position: i, State: state, Outputs: map[string]string{},
+			Spec: RunSpec{Cmd: r.Task.Parameters.Cmd, TimeoutSec: timeout, Retries: r.Task.Parameters.Retries},
+		}
+	}
+	if len(runs) > 0 {
+		if err := tx.CreateInBatches(&runs, 1000).Error; err != nil {
+			return fmt.Errorf("persist runs of %s graph %d: %w", txn.ID, gi, err)
+		}
+	}
+	edges := make([]RunEdge, len(p.Edges))
+	for i, e := range p.Edges {
+		edges[i] = RunEdge{ParentID: runs[e.From].ID, ChildID: runs[e.To].ID}
+	}
+	if len(edges) > 0 {
+		if err := tx.CreateInBatches(&edges, 2000).Error; err != nil {
+			return fmt.Errorf("persist edges of %s graph %d: %w", txn.ID, gi, err)
+		}
+	}
+	return nil
+}
+
+// NodeRun is one run as a node's workflow sees it: what to run and which
+// runs it waits for.
+type NodeRun struct {
+	ID         int64   `json:"id"`
+	Task       string  `json:"task"`
+	State      string  `json:"state"`
+	TimeoutSec int     `json:"timeout_sec"`
+	Retries    int     `json:"retries"`
+	Parents    []int64 `json:"parents,omitempty"`     // runs on this node
+	Remote     []int64 `json:"remote,omitempty"`      // runs on other nodes
+	RemoteKids []Peer  `json:"remote_kids,omitempty"` // runs on other nodes waiting for this one
+	NoOp       bool    `json:"no_op,omitempty"`       // nothing to execute
+}
+
+// Peer names a run on another node.
+type Peer struct {
+	RunID int64  `json:"run_id"`
+	Node  string `json:"node"`
+}
+
+// NodePlan is a node's share of a planned graph.
+type NodePlan struct {
+	Runs []NodeRun `json:"runs"`
+	// RemoteStates holds the current state of the remote parents, so a node
+	// workflow started late still learns what finished before it.
+	RemoteStates map[int64]string `json:"remote_states,omitempty"`
+}
+
+// NodePlan loads a node's runs of graph gi in plan order with their edges.
+func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*NodePlan, error) {
+	db := s.DB.WithContext(ctx)
+	var runs []TaskRun
+	err := db.Select("id", "task_name", "task_type", "state", "spec").
+		Where("transaction_id = ? AND graph_index = ? AND node_id = ?", id, gi, nodeID).
+		Order("position").Find(&runs).Error
+	if err != nil {
+		return nil, fmt.Errorf("load runs of node %d in %s: %w", nodeID, id, err)
+	}
+	out := &NodePlan{RemoteStates: map[int64]string{}}
+	index := map[int64]int{}
+	for i, r := range runs {
+		index[r.ID] = i
+		out.Runs = append(out.Runs, NodeRun{
+			ID: r.ID, Task: r.TaskName, State: r.State, TimeoutSec: r.Spec.TimeoutSec, Retries: r.Spec.Retries,
+			NoOp: r.TaskType == "noop" || (r.TaskType == "shell" && r.Spec.Cmd == ""),
+		})
+	}
+	const edgeSQL = `
+SELECT e.parent_id, e.child_id, p.node_id AS parent_node, c.node_id AS child_node,
+       p.state AS parent_state, c.node_name AS child_node_name
+FROM run_edges e
+JOIN task_runs p ON p.id = e.parent_id
+JOIN task_runs c ON c.id = e.child_id
+WHERE %[1]s.transaction_id = ? AND %[1]s.graph_index = ? AND %[1]s.node_id = ?`
+	// Two simple queries (edges into the node, edges out of it) use the
+	// indexes; one query with OR across both joins would not.
+	var edges []edgeRow
+	for _, side := range []string{"c", "p"} {
+		var part []edgeRow
+		if err := db.Raw(fmt.Sprintf(edgeSQL, side), id, gi, nodeID).Scan(&part).Error; err != nil {
+			return nil, fmt.Errorf("load edges of node %d in %s: %w", nodeID, id, err)
+		}
+		edges = append(edges, part...)
+	}
+	for _, e := range edges {
+		switch {
+		case e.ParentNode == nodeID && e.ChildNode == nodeID:
+			// Seen from both sides; keep it once.
+			r := &out.Runs[index[e.ChildID]]
+			if !slices.Contains(r.Parents, e.ParentID) {
+				r.Parents = append(r.Parents, e.ParentID)
+			}
+		case e.ChildNode == nodeID:
+			r := &out.Runs[index[e.ChildID]]
+			r.Remote = append(r.Remote, e.ParentID)
+			out.RemoteStates[e.ParentID] = e.ParentState
+		default:
+			r := &out.Runs[index[e.ParentID]]
+			r.RemoteKids = append(r.RemoteKids, Peer{RunID: e.ChildID, Node: e.ChildNodeName})
+		}
+	}
+	return out, nil
+}
+
+// edgeRow is an edge with both ends' nodes, as NodePlan reads it.
+type edgeRow struct {
+	ParentID, ChildID          int64
+	ParentNode, ChildNode      int64
+	ParentState, ChildNodeName string
+}
+
+// RunStates returns the current state of the given runs.
+func (s *Store) RunStates(ctx context.Context, ids []int64) (map[int64]string, error) {
+	var rows []TaskRun
+	if err := s.DB.WithContext(ctx).Select("id", "state").Where("id IN ?", ids).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("load run states: %w", err)
+	}
+	out := make(map[int64]string, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r.State
+	}
+	return out, nil
+}
+
+// DispatchRun hands a run to its node's agent: it becomes running with this
+// attempt and the activity's task token, and the agents' long polls wake.
+// It returns the run; a run that already succeeded is returned unchanged so
+// a retried activity does not run it twice.
+func (s *Store) DispatchRun(ctx context.Context, runID int64, attempt int, token []byte) (*TaskRun, error) {
+	var run TaskRun
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&run, runID).Error; err != nil {
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				return notFound("run", runID)
+			}
+			return fmt.Errorf("load run %d: %w", runID, err)
+		}
+		if run.State == RunSucceeded {
+			return nil
+		}
+		t := now()
+		err := tx.Model(&run).Updates(map[string]any{
+			"state": RunRunning, "attempt": attempt, "task_token": token, "claimed_at": nil,
+			"started_at": t, "finished_at": nil, "exit_code": nil, "error": "", "updated_at": t,
+		}).Error
+		if err != nil {
+			return fmt.Errorf("dispatch run %d: %w", runID, err)
+		}
+		if err := tx.Exec("SELECT pg_notify(?, ?)", WorkChannel, fmt.Sprint(run.NodeID)).Error; err != nil {
+			return fmt.Errorf("notify agent of run %d: %w", runID, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &run, nil
+}
+
+// ClaimWork hands the runs dispatched to a node to its agent, each once per
+// attempt.
+func (s *Store) ClaimWork(ctx context.Context, nodeID int64) ([]TaskRun, error) {
+	var runs []TaskRun
+	err := s.DB.WithContext(ctx).Raw(`
+UPDATE task_runs SET claimed_at = now(), updated_at = now()
+WHERE node_id = ? AND state = ? AND claimed_at IS NULL
+RETURNING *`, nodeID, RunRunning).Scan(&runs).Error
+	if err != nil {
+		return nil, fmt.Errorf("claim work of node %d: %w", nodeID, err)
+	}
+	return runs, nil
+}
+
+// AgentRun loads a run on behalf of a node's agent, refusing another node's.
+func (s *Store) AgentRun(ctx context.Context, nodeID, runID int64) (*TaskRun, error) {
+	var run TaskRun
+	err := s.DB.WithContext(ctx).Take(&run, runID).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("run", runID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load run %d: %w", runID, err)
+	}
+	if run.NodeID != nodeID {
+		return nil, fmt.Errorf("run %d belongs to another node: %w", runID, ErrForbidden)
+	}
+	return &run, nil
+}
+
+// RecordedResult says what RecordRunResult did.
+type RecordedResult struct {
+	Run *TaskRun
+	// Changed is false when the same result had been recorded before.
+	Changed bool
+}
+
+// RecordRunResult stores an agent's report of a run of its own node.
+func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
+	out := &RecordedResult{}
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var run TaskRun
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&run, runID).Error; err != nil {
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				return notFound("run", runID)
+			}
+			return fmt.Errorf("load run %d: %w", runID, err)
+		}
+		if run.NodeID != nodeID {
+			return fmt.Errorf("run %d belongs to another node: %w", runID, ErrForbidden)
+		}
+		out.Run = &run
+		if res.Attempt != run.Attempt {
+			return &ConflictError{Reason: fmt.Sprintf("run %d is at attempt %d, not %d", runID, run.Attempt, res.Attempt)}
+		}
+		if run.State != RunRunning {
+			if RunFinal(run.State) {
+				return nil // a repeated report: nothing changes
+			}
+			return &ConflictError{Reason: fmt.Sprintf("run %d is %s, not running", runID, run.State)}
+		}
+		state := RunSucceeded
+		if !res.Succeeded() {
+			state = RunFailed
+		}
+		exit := res.ExitCode
+		outputs := res.Outputs
+		if outputs == nil {
+			outputs = map[string]string{}
+		}
+		finished := res.FinishedAt
+		if finished.IsZero() {
+			finished = now()
+		}
+		run.State, run.ExitCode, run.Outputs, run.Error = state, &exit, outputs, res.Error
+		run.StdoutTail, run.StderrTail, run.FinishedAt = res.StdoutTail, res.StderrTail, &finished
+		run.UpdatedAt = now()
+		if err := tx.Select("state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at").
+			Save(&run).Error; err != nil {
+			return fmt.Errorf("record result of run %d: %w", runID, err)
+		}
+		out.Changed = true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FailRun marks a run failed with reason (a timeout, a lost agent, a result
+// that came too late) unless it already ended, and blocks the given runs
+// that depend on it and have not started.
+func (s *Store) FailRun(ctx context.Context, runID int64, reason string, blocked []int64) error {
+	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		t := now()
+		if runID != 0 {
+			err := tx.Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{RunPending, RunRunning}).
+				Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": t, "updated_at": t}).Error
+			if err != nil {
+				return fmt.Errorf("fail run %d: %w", runID, err)
+			}
+		}
+		return setPending(tx, blocked, RunBlocked, "blocked: a run it depends on did not succeed")
+	})
+}
+
+// CancelRuns marks runs that have not started as cancelled.
+func (s *Store) CancelRuns(ctx context.Context, ids []int64, reason string) error {
+	return setPending(s.DB.WithContext(ctx), ids, RunCancelled, reason)
+}
+
+func setPending(tx *gorm.DB, ids []int64, state, reason string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	err := tx.Model(&TaskRun{}).Where("id IN ? AND state = ?", ids, RunPending).
+		Updates(map[string]any{"state": state, "error": reason, "updated_at": now()}).Error
+	if err != nil {
+		return fmt.Errorf("mark %d run(s) %s: %w", len(ids), state, err)
+	}
+	return nil
+}
+
+// AbandonNodeRuns fails what a node's workflow left unfinished when that
+// workflow itself ended abnormally, so that nothing stays running forever.
+func (s *Store) AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeID int64, reason string) error {
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).
+		Where("transaction_id = ? AND graph_index = ? AND node_id = ? AND state IN ?", id, gi, nodeID, []string{RunPending, RunRunning}).
+		Updates(map[string]any{"state": RunFailed, "error": reason, "updated_at": now()}).Error
+	if err != nil {
+		return fmt.Errorf("abandon runs of node %d in %s: %w", nodeID, id, err)
+	}
+	return nil
+}
+
+// SucceedNoOp marks a run that has nothing to execute as succeeded.
+func (s *Store) SucceedNoOp(ctx context.Context, runID int64) error {
+	t := now()
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{RunPending, RunRunning}).
+		Updates(map[string]any{"state": RunSucceeded, "started_at": t, "finished_at": t, "updated_at": t}).Error
+	if err != nil {
+		return fmt.Errorf("record no-op run %d: %w", runID, err)
+	}
+	return nil
+}
+
+// RejectLateResult turns a result recorded after its activity had already
+// timed out into a failure: the workflow moved on without it.
+func (s *Store) RejectLateResult(ctx context.Context, runID int64, attempt int, reason string) error {
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND attempt = ?", runID, attempt).
+		Updates(map[string]any{"state": RunFailed, "error": reason, "updated_at": now()}).Error
+	if err != nil {
+		return fmt.Errorf("reject late result of run %d: %w", runID, err)
+	}
+	return nil
+}

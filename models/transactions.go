@@ -1,0 +1,318 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/anneal-dev/anneal/models/plan"
+)
+
+// ExecuteInput is the body of POST /graphs/execute.
+type ExecuteInput struct {
+	Deployment string
+	Graphs     []GraphRequest
+	DryRun     bool
+	Force      bool
+}
+
+// WorkflowIDFor is the readable Temporal workflow ID of a transaction.
+func WorkflowIDFor(id uuid.UUID) string { return "tx-" + id.String() }
+
+// CreateTransaction validates an execute request completely (deployment,
+// graph types, node and task filters, and that every graph plans without a
+// cycle), then inserts the transaction and calls start inside the same
+// database transaction: if start fails, nothing is written.
+func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start func(*Transaction) error) (*Transaction, error) {
+	if in.Deployment == "" {
+		return nil, Invalid("deployment", "is required (a deployment name or id)")
+	}
+	if len(in.Graphs) == 0 {
+		return nil, Invalid("graphs", "must list at least one graph, e.g. [{\"type\": \"deployment\"}]")
+	}
+	var txn *Transaction
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		dep, err := findDeployment(tx, in.Deployment)
+		if errors.Is(err, ErrNotFound) {
+			return Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
+		}
+		if err != nil {
+			return err
+		}
+		nodes, err := plannableNodes(tx, dep.ID)
+		if err != nil {
+			return err
+		}
+		for i, g := range in.Graphs {
+			field := fmt.Sprintf("graphs[%d]", i)
+			if g.Type == "" {
+				return Invalid(field+".type", "is required")
+			}
+			graph, err := resolveGraph(tx, dep, g.Type)
+			if errors.Is(err, ErrNotFound) {
+				return Invalid(field+".type", "deployment %q has no graph of type %q", dep.Name, g.Type)
+			}
+			if err != nil {
+				return err
+			}
+			if err := checkFilters(field, g, graph, dep, tx); err != nil {
+				return err
+			}
+			if _, err := plan.Build(graph.Tasks, nodes, plan.Options{Nodes: g.Nodes, Tasks: g.Tasks}); err != nil {
+				return planError(field, err)
+			}
+		}
+		txn = &Transaction{
+			ID: uuid.New(), DeploymentID: dep.ID, Graphs: in.Graphs, DryRun: in.DryRun, Force: in.Force,
+			Status: TxPending,
+		}
+		txn.WorkflowID = WorkflowIDFor(txn.ID)
+		if err := tx.Create(txn).Error; err != nil {
+			return fmt.Errorf("create transaction: %w", err)
+		}
+		return start(txn)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return txn, nil
+}
+
+// checkFilters verifies that every node of a graph's filter belongs to the
+// deployment and every task names a task of the graph.
+func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *Deployment, tx *gorm.DB) error {
+	if len(g.Nodes) > 0 {
+		var found []int64
+		if err := tx.Model(&Node{}).Where("id IN ? AND deployment_id = ?", g.Nodes, dep.ID).Pluck("id", &found).Error; err != nil {
+			return fmt.Errorf("check nodes: %w", err)
+		}
+		have := map[int64]bool{}
+		for _, id := range found {
+			have[id] = true
+		}
+		for j, id := range g.Nodes {
+			if !have[id] {
+				return Invalid(fmt.Sprintf("%s.nodes[%d]", field, j), "node %d is not in deployment %q", id, dep.Name)
+			}
+		}
+	}
+	known := map[string]bool{}
+	for _, t := range graph.Tasks {
+		known[t.ID] = true
+	}
+	for j, name := range g.Tasks {
+		if !known[name] {
+			return Invalid(fmt.Sprintf("%s.tasks[%d]", field, j), "graph %q has no task %q", g.Type, name)
+		}
+	}
+	return nil
+}
+
+// planError turns a planner error into bad input naming the graph.
+func planError(field string, err error) error {
+	var cycle *plan.CycleError
+	if errors.As(err, &cycle) {
+		return &InputError{Field: field, Reason: err.Error(), Details: map[string]any{"cycle": cycle.Path}}
+	}
+	var verr *plan.ValidationError
+	if errors.As(err, &verr) {
+		return &InputError{Field: field, Reason: err.Error()}
+	}
+	return fmt.Errorf("%s: %w", field, err)
+}
+
+// plannableNodes are the nodes of a deployment the annealer may give work:
+// allocated, alive and available.
+func plannableNodes(tx *gorm.DB, deploymentID int64) ([]plan.Node, error) {
+	var nodes []Node
+	err := tx.Select("id", "name", "tags").
+		Where("deployment_id = ? AND allocated AND alive AND available", deploymentID).
+		Order("name").Find(&nodes).Error
+	if err != nil {
+		return nil, fmt.Errorf("load nodes of deployment %d: %w", deploymentID, err)
+	}
+	out := make([]plan.Node, len(nodes))
+	for i, n := range nodes {
+		out[i] = plan.Node{ID: n.ID, Name: n.Name, Tags: n.Tags}
+	}
+	return out, nil
+}
+
+// Transaction loads one transaction.
+func (s *Store) Transaction(ctx context.Context, id uuid.UUID) (*Transaction, error) {
+	var txn Transaction
+	err := s.DB.WithContext(ctx).Take(&txn, "id = ?", id).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("transaction", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load transaction %s: %w", id, err)
+	}
+	return &txn, nil
+}
+
+// TransactionStatus is a transaction with its progress, for the API.
+type TransactionStatus struct {
+	Transaction
+	Deployment string         `json:"deployment"`
+	Progress   int            `json:"progress"`
+	Total      int            `json:"total"`
+	Counts     map[string]int `json:"counts"`
+	FailedRuns []string       `json:"failed_runs,omitempty"`
+}
+
+// TransactionStatus returns a transaction with its counts per run state and
+// its progress in percent.
+func (s *Store) TransactionStatus(ctx context.Context, id uuid.UUID) (*TransactionStatus, error) {
+	txn, err := s.Transaction(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	db := s.DB.WithContext(ctx)
+	out := &TransactionStatus{Transaction: *txn, Counts: map[string]int{}}
+	var dep Deployment
+	if err := db.Select("name").Take(&dep, txn.DeploymentID).Error; err != nil {
+		return nil, fmt.Errorf("load deployment of transaction %s: %w", id, err)
+	}
+	out.Deployment = dep.Name
+	counts, err := runCounts(db, id)
+	if err != nil {
+		return nil, err
+	}
+	done := 0
+	for state, n := range counts {
+		out.Counts[state] = n
+		out.Total += n
+		if RunFinal(state) {
+			done += n
+		}
+	}
+	out.Progress = 100
+	if out.Total > 0 {
+		out.Progress = done * 100 / out.Total
+	}
+	out.FailedRuns, err = failedRuns(db, id, 20)
+	return out, err
+}
+
+func runCounts(db *gorm.DB, id uuid.UUID) (map[string]int, error) {
+	var rows []struct {
+		State string
+		N     int
+	}
+	if err := db.Model(&TaskRun{}).Select("state, count(*) AS n").Where("transaction_id = ?", id).Group("state").Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("count runs of %s: %w", id, err)
+	}
+	out := map[string]int{}
+	for _, r := range rows {
+		out[r.State] = r.N
+	}
+	return out, nil
+}
+
+// failedRuns names up to limit failed runs as "task@node: reason".
+func failedRuns(db *gorm.DB, id uuid.UUID, limit int) ([]string, error) {
+	var runs []TaskRun
+	err := db.Select("task_name", "node_name", "exit_code", "error", "graph_type").
+		Where("transaction_id = ? AND state = ?", id, RunFailed).Order("finished_at, id").Limit(limit).Find(&runs).Error
+	if err != nil {
+		return nil, fmt.Errorf("list failed runs of %s: %w", id, err)
+	}
+	out := make([]string, 0, len(runs))
+	for _, r := range runs {
+		reason := r.Error
+		if reason == "" && r.ExitCode != nil {
+			reason = fmt.Sprintf("exit code %d", *r.ExitCode)
+		}
+		out = append(out, fmt.Sprintf("%s@%s: %s", r.TaskName, r.NodeName, reason))
+	}
+	return out, nil
+}
+
+// FinishTransaction records how a transaction ended. The status comes from
+// the runs in Postgres unless stopped or failReason says otherwise: any
+// failed or blocked run makes it error, with the failed runs named.
+func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped bool, failReason string) (*TransactionStatus, error) {
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		counts, err := runCounts(tx, id)
+		if err != nil {
+			return err
+		}
+		status, msg := TxReady, ""
+		switch {
+		case failReason != "":
+			status, msg = TxError, failReason
+		case stopped:
+			status, msg = TxStopped, "stopped by request"
+		case counts[RunFailed] > 0 || counts[RunBlocked] > 0 || counts[RunCancelled] > 0:
+			failed, err := failedRuns(tx, id, 10)
+			if err != nil {
+				return err
+			}
+			status = TxError
+			msg = fmt.Sprintf("%d run(s) failed, %d blocked", counts[RunFailed], counts[RunBlocked])
+			if len(failed) > 0 {
+				msg += ": " + strings.Join(failed, "; ")
+			}
+		}
+		// Runs a stop or a failed plan left behind never ran.
+		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND state = ?", id, RunPending).
+			Updates(map[string]any{"state": RunCancelled, "updated_at": now()}).Error; err != nil {
+			return fmt.Errorf("cancel leftover runs of %s: %w", id, err)
+		}
+		res := tx.Model(&Transaction{}).Where("id = ?", id).Updates(map[string]any{
+			"status": status, "error": msg, "finished_at": now(),
+		})
+		if res.Error != nil {
+			return fmt.Errorf("finish transaction %s: %w", id, res.Error)
+		}
+		if res.RowsAffected == 0 {
+			return notFound("transaction", id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.TransactionStatus(ctx, id)
+}
+
+// RunFilter narrows a run listing.
+type RunFilter struct {
+	Node  string // node name or id
+	State string
+}
+
+// Runs lists a transaction's runs in plan order.
+func (s *Store) Runs(ctx context.Context, id uuid.UUID, f RunFilter) ([]TaskRun, error) {
+	if _, err := s.Transaction(ctx, id); err != nil {
+		return nil, err
+	}
+	q := s.DB.WithContext(ctx).Where("transaction_id = ?", id).Order("graph_index, position, node_name")
+	if f.Node != "" {
+		q = q.Where("node_name = ? OR node_id::text = ?", f.Node, f.Node)
+	}
+	if f.State != "" {
+		q = q.Where("state = ?", f.State)
+	}
+	var runs []TaskRun
+	if err := q.Find(&runs).Error; err != nil {
+		return nil, fmt.Errorf("list runs of %s: %w", id, err)
+	}
+	return runs, nil
+}
+
+// sortedKeys returns a map's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,298 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// agentRegister is the phone home: it creates the node and returns the
+// agent's own credential.
+func (s *Server) agentRegister(c echo.Context) error {
+	var req protocol.RegisterRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	node, token, err := s.cfg.Store.CreateNode(c.Request().Context(), models.NodeInput{
+		Name: req.Name, Admin: req.Admin, BootID: req.BootID, Address: req.Address,
+	}, true)
+	if err != nil {
+		return err
+	}
+	s.log.Info("node registered", "node", node.Name, "node_id", node.ID, "admin", node.Admin)
+	return c.JSON(http.StatusCreated, protocol.RegisterResponse{NodeID: node.ID, Name: node.Name, Token: token})
+}
+
+func (s *Server) agentHeartbeat(c echo.Context) error {
+	var req protocol.HeartbeatRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	node, err := s.cfg.Store.TouchNode(c.Request().Context(), principal(c).NodeID, req.BootID, req.Address)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: node.ID, Name: node.Name})
+}
+
+// Long-poll bounds for GET /agent/work.
+const (
+	defaultPollWait = 25 * time.Second
+	maxPollWait     = 60 * time.Second
+	// pollRecheck bounds the delay if a wake-up is lost (listener reconnecting).
+	pollRecheck = 15 * time.Second
+)
+
+// agentWork hands the agent the runs dispatched to its node, waiting up to
+// ?wait= for some to arrive; a NOTIFY from the dispatching activity wakes it.
+func (s *Server) agentWork(c echo.Context) error {
+	nodeID := principal(c).NodeID
+	wait := defaultPollWait
+	if w := c.QueryParam("wait"); w != "" {
+		d, err := time.ParseDuration(w)
+		if err != nil || d < 0 {
+			return &models.InputError{Status: http.StatusBadRequest, Field: "wait", Reason: fmt.Sprintf("%q is not a duration like 25s", w)}
+		}
+		wait = min(d, maxPollWait)
+	}
+	ctx := c.Request().Context()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		woken, cancel := s.hub.wait(nodeID)
+		runs, err := s.cfg.Store.ClaimWork(ctx, nodeID)
+		if err != nil {
+			cancel()
+			return err
+		}
+		if len(runs) > 0 || wait == 0 {
+			cancel()
+			return c.JSON(http.StatusOK, workResponse(runs))
+		}
+		recheck := time.NewTimer(pollRecheck)
+		select {
+		case <-woken:
+		case <-recheck.C:
+		case <-deadline.C:
+			cancel()
+			recheck.Stop()
+			return c.JSON(http.StatusOK, protocol.WorkResponse{Runs: []protocol.WorkItem{}})
+		case <-ctx.Done():
+			cancel()
+			recheck.Stop()
+			return ctx.Err()
+		}
+		cancel()
+		recheck.Stop()
+	}
+}
+
+func workResponse(runs []models.TaskRun) protocol.WorkResponse {
+	out := protocol.WorkResponse{Runs: make([]protocol.WorkItem, 0, len(runs))}
+	for _, r := range runs {
+		out.Runs = append(out.Runs, protocol.WorkItem{
+			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
+			Task: r.TaskName, Type: r.TaskType, Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
+		})
+	}
+	return out
+}
+
+func runIDParam(c echo.Context) (int64, error) {
+	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+	if err != nil {
+		return 0, &models.InputError{Status: http.StatusBadRequest, Field: "id", Reason: fmt.Sprintf("%q is not a run id", c.Param("id"))}
+	}
+	return id, nil
+}
+
+// agentRunHeartbeat keeps a run's activity alive while the agent works on
+// it. A run no longer awaited tells the agent to give up.
+func (s *Server) agentRunHeartbeat(c echo.Context) error {
+	runID, err := runIDParam(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	run, err := s.cfg.Store.AgentRun(ctx, principal(c).NodeID, runID)
+	if err != nil {
+		return err
+	}
+	if run.State != models.RunRunning {
+		return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{Cancel: true})
+	}
+	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken)
+	var notFound *serviceerror.NotFound
+	switch {
+	case errors.As(err, &notFound):
+		return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{Cancel: true})
+	case err != nil && !temporal.IsCanceledError(err):
+		// Cancellation is requested when the transaction stops; a running
+		// task is allowed to finish, so only other errors count.
+		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not record the heartbeat: "+err.Error())
+	}
+	return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{})
+}
+
+// agentRunResult stores an agent's report and completes the run's activity.
+func (s *Server) agentRunResult(c echo.Context) error {
+	runID, err := runIDParam(c)
+	if err != nil {
+		return err
+	}
+	var res protocol.RunResult
+	if err := bindStrict(c, &res); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	nodeID := principal(c).NodeID
+	rec, err := s.cfg.Store.RecordRunResult(ctx, nodeID, runID, res)
+	if err != nil {
+		return err
+	}
+	run := rec.Run
+	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
+	if run.State == models.RunSucceeded {
+		err = s.cfg.Temporal.CompleteActivity(ctx, run.TaskToken, activities.RunOutcome{ExitCode: res.ExitCode}, nil)
+	} else {
+		msg := fmt.Sprintf("task %s failed on %s with exit code %d", run.TaskName, run.NodeName, res.ExitCode)
+		if res.Error != "" {
+			msg = fmt.Sprintf("task %s failed on %s: %s", run.TaskName, run.NodeName, res.Error)
+		}
+		err = s.cfg.Temporal.CompleteActivity(ctx, run.TaskToken, nil,
+			temporal.NewApplicationError(msg, activities.ErrTypeTaskFailed, activities.RunOutcome{ExitCode: res.ExitCode}))
+	}
+	var notFound *serviceerror.NotFound
+	switch {
+	case errors.As(err, &notFound) && rec.Changed:
+		// The activity timed out before the report came: the workflow has
+		// already moved on, so the run counts as failed.
+		reason := "the agent's result arrived after the run had stopped being awaited (heartbeat or start-to-close timeout)"
+		if ferr := s.cfg.Store.RejectLateResult(ctx, runID, run.Attempt, reason); ferr != nil {
+			return ferr
+		}
+		log.Warn("late result refused", "reason", reason)
+		return apiError(http.StatusConflict, "run_not_awaited", reason)
+	case errors.As(err, &notFound):
+		// A repeated report whose first delivery completed the activity.
+	case err != nil:
+		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "result stored but the workflow could not be told; send it again: "+err.Error())
+	}
+	log.Info("run reported", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed)
+	return c.JSON(http.StatusOK, map[string]any{"run_id": run.ID, "state": run.State})
+}
+
+// workHub wakes long polls of one node when Postgres announces work for it.
+type workHub struct {
+	log     *slog.Logger
+	mu      sync.Mutex
+	waiters map[int64]map[chan struct{}]struct{}
+}
+
+func newWorkHub(log *slog.Logger) *workHub {
+	return &workHub{log: log, waiters: map[int64]map[chan struct{}]struct{}{}}
+}
+
+// wait registers interest in the node's next wake-up.
+func (h *workHub) wait(nodeID int64) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	h.mu.Lock()
+	if h.waiters[nodeID] == nil {
+		h.waiters[nodeID] = map[chan struct{}]struct{}{}
+	}
+	h.waiters[nodeID][ch] = struct{}{}
+	h.mu.Unlock()
+	return ch, func() {
+		h.mu.Lock()
+		delete(h.waiters[nodeID], ch)
+		if len(h.waiters[nodeID]) == 0 {
+			delete(h.waiters, nodeID)
+		}
+		h.mu.Unlock()
+	}
+}
+
+func (h *workHub) wake(nodeID int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.waiters[nodeID] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// closeAll wakes every waiter (on shutdown, or when notifications may have
+// been missed) so they look at the database again.
+func (h *workHub) closeAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, set := range h.waiters {
+		for ch := range set {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// listen keeps a LISTEN connection open until ctx ends, reconnecting with
+// backoff; after a reconnect every waiter re-checks.
+func (h *workHub) listen(ctx context.Context, url string) {
+	backoff := 200 * time.Millisecond
+	for ctx.Err() == nil {
+		err := h.listenOnce(ctx, url, func() { backoff = 200 * time.Millisecond })
+		if ctx.Err() != nil {
+			return
+		}
+		h.log.Warn("work listener lost its database connection; reconnecting", "error", err, "in", backoff)
+		h.closeAll()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+models.WorkChannel); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	connected()
+	h.closeAll()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		id, err := strconv.ParseInt(n.Payload, 10, 64)
+		if err != nil {
+			h.log.Warn("ignoring malformed work notification", "payload", n.Payload)
+			continue
+		}
+		h.wake(id)
+	}
+}

@@ -1,0 +1,297 @@
+package web
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+	"go.temporal.io/sdk/client"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+func (s *Server) listNodes(c echo.Context) error {
+	var depID int64
+	if ref := c.QueryParam("deployment"); ref != "" {
+		dep, err := s.cfg.Store.Deployment(c.Request().Context(), ref)
+		if err != nil {
+			return err
+		}
+		depID = dep.ID
+	}
+	nodes, err := s.cfg.Store.Nodes(c.Request().Context(), depID)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, nodes)
+}
+
+func (s *Server) getNode(c echo.Context) error {
+	node, err := s.cfg.Store.Node(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, node)
+}
+
+type createNodeRequest struct {
+	Name       string `json:"name"`
+	Admin      bool   `json:"admin"`
+	Deployment string `json:"deployment"`
+}
+
+func (s *Server) createNode(c echo.Context) error {
+	var req createNodeRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	node, _, err := s.cfg.Store.CreateNode(c.Request().Context(), models.NodeInput{
+		Name: req.Name, Admin: req.Admin, Deployment: req.Deployment,
+	}, false)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, node)
+}
+
+type updateNodeRequest struct {
+	Deployment *string   `json:"deployment"`
+	Roles      *[]string `json:"roles"`
+}
+
+func (s *Server) updateNode(c echo.Context) error {
+	var req updateNodeRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	node, err := s.cfg.Store.UpdateNode(c.Request().Context(), c.Param("id"), models.NodeUpdate{
+		Deployment: req.Deployment, Roles: req.Roles,
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, node)
+}
+
+func (s *Server) listDeployments(c echo.Context) error {
+	deps, err := s.cfg.Store.Deployments(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, deps)
+}
+
+func (s *Server) createDeployment(c echo.Context) error {
+	var req models.DeploymentInput
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	dep, err := s.cfg.Store.CreateDeployment(c.Request().Context(), req)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, dep)
+}
+
+func (s *Server) getDeployment(c echo.Context) error {
+	dep, err := s.cfg.Store.Deployment(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, dep)
+}
+
+func (s *Server) listDeploymentGraphs(c echo.Context) error {
+	ctx := c.Request().Context()
+	dep, err := s.cfg.Store.Deployment(ctx, c.Param("id"))
+	if err != nil {
+		return err
+	}
+	types, err := s.cfg.Store.GraphTypes(ctx, dep)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]any{"types": types})
+}
+
+func (s *Server) getDeploymentGraph(c echo.Context) error {
+	ctx := c.Request().Context()
+	dep, err := s.cfg.Store.Deployment(ctx, c.Param("id"))
+	if err != nil {
+		return err
+	}
+	graph, err := s.cfg.Store.ResolveGraph(ctx, dep, c.Param("type"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, graph)
+}
+
+// importRelease takes a release in Fuel's shape as YAML or JSON.
+func (s *Server) importRelease(c echo.Context) error {
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: err.Error()}
+	}
+	spec, err := ParseRelease(body, c.Request().Header.Get(echo.HeaderContentType))
+	if err != nil {
+		return err
+	}
+	rel, err := s.cfg.Store.ImportRelease(c.Request().Context(), *spec)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, rel)
+}
+
+// ParseRelease decodes a release document: JSON when the content type says
+// so, YAML otherwise (YAML is a superset of JSON).
+func ParseRelease(body []byte, contentType string) (*models.ReleaseSpec, error) {
+	var spec models.ReleaseSpec
+	if strings.Contains(contentType, "json") {
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&spec); err != nil {
+			return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed release JSON: " + err.Error()}
+		}
+		return &spec, nil
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(body)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&spec); err != nil {
+		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed release YAML: " + err.Error()}
+	}
+	return &spec, nil
+}
+
+func (s *Server) getRelease(c echo.Context) error {
+	rel, err := s.cfg.Store.Release(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, rel)
+}
+
+// ref is a deployment given by name or by numeric id.
+type ref string
+
+// UnmarshalJSON accepts a string or a number.
+func (r *ref) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*r = ref(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err == nil {
+		if _, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+			*r = ref(n)
+			return nil
+		}
+	}
+	return &json.UnmarshalTypeError{Value: string(b), Type: reflect.TypeOf(""), Field: "deployment"}
+}
+
+type executeRequest struct {
+	Deployment ref                   `json:"deployment"`
+	Graphs     []models.GraphRequest `json:"graphs"`
+	DryRun     bool                  `json:"dry_run"`
+	Force      bool                  `json:"force"`
+}
+
+// execute is POST /graphs/execute: validate, record the transaction and
+// start its workflow, all or nothing.
+func (s *Server) execute(c echo.Context) error {
+	var req executeRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	in := models.ExecuteInput{Deployment: string(req.Deployment), Graphs: req.Graphs, DryRun: req.DryRun, Force: req.Force}
+	txn, err := s.cfg.Store.CreateTransaction(ctx, in, func(txn *models.Transaction) error {
+		types := make([]string, len(txn.Graphs))
+		for i, g := range txn.Graphs {
+			types[i] = g.Type
+		}
+		opts := client.StartWorkflowOptions{
+			ID:            txn.WorkflowID,
+			TaskQueue:     s.cfg.TaskQueue,
+			Memo:          map[string]any{"deployment": in.Deployment, "graphs": types, "dry_run": txn.DryRun},
+			StaticSummary: fmt.Sprintf("%s on deployment %s", strings.Join(types, " → "), in.Deployment),
+		}
+		input := workflows.TransactionInput{
+			TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,
+		}
+		if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
+			return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the transaction workflow; nothing was recorded: "+err.Error())
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.log.Info("transaction started", "transaction", txn.ID, "workflow_id", txn.WorkflowID, "deployment", in.Deployment)
+	return c.JSON(http.StatusAccepted, map[string]any{
+		"task_uuid": txn.ID, "workflow_id": txn.WorkflowID, "status": txn.Status,
+		"links": map[string]string{
+			"self": "/api/v1/transactions/" + txn.ID.String(),
+			"runs": "/api/v1/transactions/" + txn.ID.String() + "/runs",
+		},
+	})
+}
+
+func uuidParam(c echo.Context) (uuid.UUID, error) {
+	id, err := uuid.Parse(c.Param("uuid"))
+	if err != nil {
+		return id, &models.InputError{Status: http.StatusBadRequest, Field: "uuid", Reason: fmt.Sprintf("%q is not a transaction uuid", c.Param("uuid"))}
+	}
+	return id, nil
+}
+
+func (s *Server) getTransaction(c echo.Context) error {
+	id, err := uuidParam(c)
+	if err != nil {
+		return err
+	}
+	st, err := s.cfg.Store.TransactionStatus(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+var runStates = []string{models.RunPlanned, models.RunPending, models.RunRunning, models.RunSucceeded,
+	models.RunFailed, models.RunBlocked, models.RunSkipped, models.RunCancelled}
+
+func (s *Server) listRuns(c echo.Context) error {
+	id, err := uuidParam(c)
+	if err != nil {
+		return err
+	}
+	f := models.RunFilter{Node: c.QueryParam("node"), State: c.QueryParam("state")}
+	if f.State != "" && !contains(runStates, f.State) {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "state", Reason: fmt.Sprintf("%q is not one of %s", f.State, strings.Join(runStates, ", "))}
+	}
+	runs, err := s.cfg.Store.Runs(c.Request().Context(), id, f)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, runs)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,116 @@
+// Package server assembles an anneal server process: it opens and migrates
+// Postgres, dials Temporal, runs the worker (workflows and activities) and,
+// when asked, the REST API. The worker binary and the tests both use it.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/web"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+// Defaults shared by the binaries and the dev environment.
+const (
+	DefaultTaskQueue = "anneal"
+	DefaultDomain    = "anneal.test"
+	DefaultAPIAddr   = "127.0.0.1:8080"
+)
+
+// Config configures a server process.
+type Config struct {
+	DatabaseURL     string
+	TemporalAddress string
+	Namespace       string
+	TaskQueue       string
+	// APIAddr, when set, also serves the REST API there.
+	APIAddr string
+	// Domain is the admin DNS domain node names must lie in.
+	Domain string
+	// HeartbeatTimeoutSec is how long a run may go without its agent's
+	// heartbeat (0: the workflows' default).
+	HeartbeatTimeoutSec int
+	// NoWorker serves only the API.
+	NoWorker bool
+	Log      *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.TaskQueue == "" {
+		c.TaskQueue = DefaultTaskQueue
+	}
+	if c.Namespace == "" {
+		c.Namespace = client.DefaultNamespace
+	}
+	if c.Domain == "" {
+		c.Domain = DefaultDomain
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+// Run runs the server until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.defaults()
+	db, err := models.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	if err := models.Migrate(ctx, db); err != nil {
+		return err
+	}
+	store := &models.Store{DB: db, Domain: cfg.Domain}
+	tc, err := client.DialContext(ctx, client.Options{
+		HostPort: cfg.TemporalAddress, Namespace: cfg.Namespace, Logger: log.NewStructuredLogger(cfg.Log),
+	})
+	if err != nil {
+		return fmt.Errorf("dial Temporal at %s: %w", cfg.TemporalAddress, err)
+	}
+	defer tc.Close()
+
+	g, ctx := errgroup.WithContext(ctx)
+	if !cfg.NoWorker {
+		w := NewWorker(tc, store, cfg.TaskQueue, cfg.Log)
+		if err := w.Start(); err != nil {
+			return fmt.Errorf("start worker on task queue %s: %w", cfg.TaskQueue, err)
+		}
+		defer w.Stop()
+		cfg.Log.Info("worker started", "task_queue", cfg.TaskQueue, "temporal", cfg.TemporalAddress)
+	}
+	if cfg.APIAddr != "" {
+		api := web.New(web.Config{
+			Store: store, Temporal: tc, TaskQueue: cfg.TaskQueue, DatabaseURL: cfg.DatabaseURL,
+			HeartbeatTimeoutSec: cfg.HeartbeatTimeoutSec, Log: cfg.Log,
+		})
+		g.Go(func() error { return api.Run(ctx, cfg.APIAddr) })
+		cfg.Log.Info("API listening", "url", "http://"+cfg.APIAddr)
+	}
+	g.Go(func() error { <-ctx.Done(); return nil })
+	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// NewWorker creates (without starting) a worker with every workflow and
+// activity registered explicitly.
+func NewWorker(tc client.Client, store *models.Store, taskQueue string, logger *slog.Logger) worker.Worker {
+	w := worker.New(tc, taskQueue, worker.Options{})
+	workflows.Register(w)
+	w.RegisterActivity(&activities.Activities{Store: store, Log: logger})
+	return w
+}

@@ -1,0 +1,328 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// NodeInput starts a node workflow.
+type NodeInput struct {
+	activities.GraphRef
+	GraphType           string `json:"graph_type"`
+	NodeID              int64  `json:"node_id"`
+	NodeName            string `json:"node_name"`
+	HeartbeatTimeoutSec int    `json:"heartbeat_timeout_sec,omitempty"`
+}
+
+// NodeResult counts how a node's runs ended.
+type NodeResult struct {
+	Succeeded int `json:"succeeded"`
+	Failed    int `json:"failed"`
+	Blocked   int `json:"blocked"`
+	Cancelled int `json:"cancelled"`
+}
+
+func (r *NodeResult) add(o NodeResult) {
+	r.Succeeded += o.Succeeded
+	r.Failed += o.Failed
+	r.Blocked += o.Blocked
+	r.Cancelled += o.Cancelled
+}
+
+// RunsFinished tells a node workflow that runs it waits for have ended.
+type RunsFinished struct {
+	States map[int64]string `json:"states"`
+}
+
+// Remote-wait fallback: if a wake-up from another node is lost, the node
+// workflow reads the states from Postgres, backing off to the maximum.
+const (
+	remotePollFirst = 30 * time.Second
+	remotePollMax   = 10 * time.Minute
+)
+
+// NodeRun runs one node's tasks of a graph, one at a time, in plan order; a
+// task starts only when all its parents (on this node and on others) have
+// succeeded, and a failure blocks its descendants.
+func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
+	var a *activities.Activities
+	log := workflow.GetLogger(ctx)
+	var np models.NodePlan
+	ref := activities.NodeRef{GraphRef: in.GraphRef, NodeID: in.NodeID}
+	if err := workflow.ExecuteActivity(stateActivity(ctx), a.LoadNodePlan, ref).Get(ctx, &np); err != nil {
+		return nil, fmt.Errorf("load plan of node %s: %w", in.NodeName, err)
+	}
+	n := &nodeState{in: in, plan: &np, state: map[int64]string{}, remote: np.RemoteStates}
+	if n.remote == nil {
+		n.remote = map[int64]string{}
+	}
+	for _, r := range np.Runs {
+		n.state[r.ID] = r.State
+	}
+	signals := workflow.GetSignalChannel(ctx, SignalRunsFinished)
+	poll := remotePollFirst
+	for {
+		for {
+			var msg RunsFinished
+			if !signals.ReceiveAsync(&msg) {
+				break
+			}
+			n.learn(msg.States)
+		}
+		if blocked := n.blockDescendants(); len(blocked) > 0 {
+			if err := n.recordFailure(ctx, activities.RunFailure{Blocked: blocked}); err != nil {
+				return nil, err
+			}
+			n.tellRemoteKids(ctx, blocked)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		run, waiting := n.next()
+		if run != nil {
+			if err := n.execute(ctx, run); err != nil {
+				return nil, err
+			}
+			poll = remotePollFirst
+			continue
+		}
+		if !waiting {
+			break
+		}
+		// Nothing can run until another node finishes something.
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(signals, func(c workflow.ReceiveChannel, _ bool) {
+			var msg RunsFinished
+			c.Receive(ctx, &msg)
+			n.learn(msg.States)
+		})
+		sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {})
+		sel.AddFuture(workflow.NewTimer(ctx, poll), func(workflow.Future) {
+			var states map[int64]string
+			ids := n.awaitedRemote()
+			if err := workflow.ExecuteActivity(stateActivity(ctx), a.CheckRunStates, ids).Get(ctx, &states); err == nil {
+				n.learn(states)
+			}
+			poll = min(poll*2, remotePollMax)
+		})
+		sel.Select(ctx)
+	}
+	if ctx.Err() != nil {
+		pending := n.idsIn(models.RunPending)
+		if len(pending) > 0 {
+			dctx, cancel := workflow.NewDisconnectedContext(ctx)
+			defer cancel()
+			cancelled := activities.RunsToCancel{RunIDs: pending, Reason: "cancelled: the transaction was stopped before this run started"}
+			if err := workflow.ExecuteActivity(stateActivity(dctx), a.CancelRuns, cancelled).Get(dctx, nil); err != nil {
+				return nil, fmt.Errorf("record cancelled runs of %s: %w", in.NodeName, err)
+			}
+			for _, id := range pending {
+				n.state[id] = models.RunCancelled
+			}
+		}
+		log.Info("node workflow stopped", "node", in.NodeName)
+		return n.result(), temporal.NewCanceledError("transaction stopped")
+	}
+	return n.result(), nil
+}
+
+// nodeState is a node workflow's view of its runs.
+type nodeState struct {
+	in     NodeInput
+	plan   *models.NodePlan
+	state  map[int64]string // this node's runs
+	remote map[int64]string // runs on other nodes this node waits for
+}
+
+// learn takes in states of remote runs; the order of the map does not
+// matter because each entry is set independently.
+//
+//workflowcheck:ignore
+func (n *nodeState) learn(states map[int64]string) {
+	for id, st := range states {
+		if _, ok := n.remote[id]; ok {
+			n.remote[id] = st
+		}
+	}
+}
+
+func bad(state string) bool {
+	return state == models.RunFailed || state == models.RunBlocked || state == models.RunCancelled
+}
+
+func good(state string) bool { return state == models.RunSucceeded || state == models.RunSkipped }
+
+// blockDescendants marks pending runs whose parents failed; plan order is
+// topological, so one pass reaches every descendant on this node.
+func (n *nodeState) blockDescendants() []int64 {
+	var blocked []int64
+	for _, r := range n.plan.Runs {
+		if n.state[r.ID] != models.RunPending {
+			continue
+		}
+		hit := slices.ContainsFunc(r.Parents, func(p int64) bool { return bad(n.state[p]) }) ||
+			slices.ContainsFunc(r.Remote, func(p int64) bool { return bad(n.remote[p]) })
+		if hit {
+			n.state[r.ID] = models.RunBlocked
+			blocked = append(blocked, r.ID)
+		}
+	}
+	return blocked
+}
+
+// next returns the first pending run whose parents all succeeded, and
+// whether some pending run still waits on another node.
+func (n *nodeState) next() (*models.NodeRun, bool) {
+	waiting := false
+	for i := range n.plan.Runs {
+		r := &n.plan.Runs[i]
+		if n.state[r.ID] != models.RunPending {
+			continue
+		}
+		localOK := !slices.ContainsFunc(r.Parents, func(p int64) bool { return !good(n.state[p]) })
+		remoteOK := !slices.ContainsFunc(r.Remote, func(p int64) bool { return !good(n.remote[p]) })
+		if localOK && remoteOK {
+			return r, false
+		}
+		if !remoteOK {
+			waiting = true
+		}
+	}
+	return nil, waiting
+}
+
+func (n *nodeState) awaitedRemote() []int64 {
+	var ids []int64
+	for _, r := range n.plan.Runs {
+		if n.state[r.ID] != models.RunPending {
+			continue
+		}
+		for _, p := range r.Remote {
+			if !good(n.remote[p]) && !bad(n.remote[p]) && !slices.Contains(ids, p) {
+				ids = append(ids, p)
+			}
+		}
+	}
+	return ids
+}
+
+// execute runs one task through the agent jig and records how it ended.
+func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
+	var a *activities.Activities
+	if r.NoOp {
+		if err := workflow.ExecuteActivity(stateActivity(ctx), a.RecordNoOp, r.ID).Get(ctx, nil); err != nil {
+			return fmt.Errorf("record no-op %s: %w", r.Task, err)
+		}
+		n.state[r.ID] = models.RunSucceeded
+		n.tellRemoteKids(ctx, []int64{r.ID})
+		return nil
+	}
+	heartbeat := DefaultHeartbeatTimeout
+	if n.in.HeartbeatTimeoutSec > 0 {
+		heartbeat = time.Duration(n.in.HeartbeatTimeoutSec) * time.Second
+	}
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		// The agent enforces the task's timeout; this one catches an agent
+		// that keeps heartbeating but never reports.
+		StartToCloseTimeout: time.Duration(r.TimeoutSec)*time.Second + 2*heartbeat,
+		HeartbeatTimeout:    heartbeat,
+		WaitForCancellation: true,
+		Summary:             fmt.Sprintf("%s on %s", r.Task, n.in.NodeName),
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:    2 * time.Second,
+			BackoffCoefficient: 2,
+			MaximumAttempts:    int32(1 + r.Retries),
+		},
+	})
+	input := activities.RunTaskInput{RunID: r.ID, Task: r.Task, Node: n.in.NodeName}
+	err := workflow.ExecuteActivity(actx, a.RunTaskOnNode, input).Get(ctx, nil)
+	if err == nil {
+		n.state[r.ID] = models.RunSucceeded
+		n.tellRemoteKids(ctx, []int64{r.ID})
+		return nil
+	}
+	n.state[r.ID] = models.RunFailed
+	var appErr *temporal.ApplicationError
+	if !errors.As(err, &appErr) || appErr.Type() != activities.ErrTypeTaskFailed {
+		// The agent never reported (lost, hung, or the run was cancelled):
+		// the run's row still says running.
+		reason := "no result from the node's agent: " + rootMessage(err)
+		if err := n.recordFailure(ctx, activities.RunFailure{RunID: r.ID, Reason: reason}); err != nil {
+			return err
+		}
+	}
+	n.tellRemoteKids(ctx, []int64{r.ID})
+	return nil
+}
+
+func (n *nodeState) recordFailure(ctx workflow.Context, f activities.RunFailure) error {
+	var a *activities.Activities
+	dctx, cancel := workflow.NewDisconnectedContext(ctx)
+	defer cancel()
+	if err := workflow.ExecuteActivity(stateActivity(dctx), a.RecordRunFailure, f).Get(dctx, nil); err != nil {
+		return fmt.Errorf("record failure on %s: %w", n.in.NodeName, err)
+	}
+	return nil
+}
+
+// tellRemoteKids wakes the node workflows waiting for these runs, one signal
+// per node. Postgres already holds the states, so a node workflow that has
+// not started yet reads them from there instead.
+func (n *nodeState) tellRemoteKids(ctx workflow.Context, ids []int64) {
+	byNode := map[string]map[int64]string{}
+	var nodes []string
+	for _, r := range n.plan.Runs {
+		if !slices.Contains(ids, r.ID) {
+			continue
+		}
+		for _, kid := range r.RemoteKids {
+			if byNode[kid.Node] == nil {
+				byNode[kid.Node] = map[int64]string{}
+				nodes = append(nodes, kid.Node)
+			}
+			byNode[kid.Node][r.ID] = n.state[r.ID]
+		}
+	}
+	slices.Sort(nodes)
+	for _, node := range nodes {
+		// A failed signal (the other node's workflow not started or already
+		// done) is harmless for the reason above.
+		workflow.SignalExternalWorkflow(ctx, NodeWorkflowID(n.in.TransactionID, node), "", SignalRunsFinished,
+			RunsFinished{States: byNode[node]})
+	}
+}
+
+func (n *nodeState) idsIn(state string) []int64 {
+	var ids []int64
+	for _, r := range n.plan.Runs {
+		if n.state[r.ID] == state {
+			ids = append(ids, r.ID)
+		}
+	}
+	return ids
+}
+
+func (n *nodeState) result() *NodeResult {
+	var out NodeResult
+	for _, r := range n.plan.Runs {
+		switch n.state[r.ID] {
+		case models.RunSucceeded, models.RunSkipped:
+			out.Succeeded++
+		case models.RunFailed:
+			out.Failed++
+		case models.RunBlocked:
+			out.Blocked++
+		case models.RunCancelled, models.RunPending:
+			out.Cancelled++
+		}
+	}
+	return &out
+}

@@ -1,0 +1,155 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// TransactionInput starts a transaction workflow. Everything else is read
+// from Postgres by the activities.
+type TransactionInput struct {
+	TransactionID string `json:"transaction_id"`
+	// Graphs is how many graphs the transaction runs, one after another.
+	Graphs int `json:"graphs"`
+	// HeartbeatTimeoutSec overrides DefaultHeartbeatTimeout.
+	HeartbeatTimeoutSec int `json:"heartbeat_timeout_sec,omitempty"`
+	// MaxNodesInFlight overrides DefaultMaxNodesInFlight.
+	MaxNodesInFlight int `json:"max_nodes_in_flight,omitempty"`
+}
+
+// graphResult sums up the node workflows of one graph.
+type graphResult struct {
+	NodeResult
+	lost []string // nodes whose workflow ended abnormally
+}
+
+// Transaction runs a transaction's graphs one after another: each graph is
+// planned by an activity, then executed by one child workflow per node. A
+// graph with failures stops the transaction; cancelling the workflow stops
+// dispatching, lets running tasks finish, and records what never ran.
+func Transaction(ctx workflow.Context, in TransactionInput) (*activities.TransactionOutcome, error) {
+	var a *activities.Activities
+	log := workflow.GetLogger(ctx)
+	stopped, failReason := false, ""
+	for gi := 0; gi < in.Graphs; gi++ {
+		ref := activities.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi}
+		var gp models.GraphPlan
+		err := workflow.ExecuteActivity(stateActivity(ctx), a.PlanGraph, ref).Get(ctx, &gp)
+		if err != nil {
+			if temporal.IsCanceledError(err) || ctx.Err() != nil {
+				stopped = true
+				break
+			}
+			failReason = fmt.Sprintf("graph %d could not be planned: %s", gi, rootMessage(err))
+			break
+		}
+		log.Info("graph planned", "transaction", in.TransactionID, "graph", gp.GraphType, "nodes", len(gp.Nodes), "runs", gp.Runs)
+		if gp.DryRun {
+			continue
+		}
+		res := runGraph(ctx, in, gi, &gp)
+		if ctx.Err() != nil {
+			stopped = true
+			break
+		}
+		if len(res.lost) > 0 {
+			failReason = fmt.Sprintf("graph %q: the workflows of node(s) %v ended abnormally", gp.GraphType, res.lost)
+			break
+		}
+		if res.Failed > 0 || res.Blocked > 0 {
+			break // later graphs build on this one; do not run them
+		}
+	}
+	// Recording the end must happen even when the workflow was cancelled.
+	dctx, cancel := workflow.NewDisconnectedContext(ctx)
+	defer cancel()
+	var out activities.TransactionOutcome
+	finish := activities.FinishInput{TransactionID: in.TransactionID, Stopped: stopped, FailReason: failReason}
+	if err := workflow.ExecuteActivity(stateActivity(dctx), a.FinishTransaction, finish).Get(dctx, &out); err != nil {
+		return nil, fmt.Errorf("record end of transaction %s: %w", in.TransactionID, err)
+	}
+	if stopped {
+		return &out, temporal.NewCanceledError(out.Error)
+	}
+	return &out, nil
+}
+
+// runGraph starts a node workflow per planned node, at most
+// MaxNodesInFlight at a time, and waits for all of them.
+func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.GraphPlan) graphResult {
+	var a *activities.Activities
+	limit := in.MaxNodesInFlight
+	if limit <= 0 {
+		limit = DefaultMaxNodesInFlight
+	}
+	var res graphResult
+	sel := workflow.NewSelector(ctx)
+	inFlight := 0
+	for _, node := range gp.Nodes {
+		for inFlight >= limit {
+			sel.Select(ctx)
+			inFlight--
+		}
+		if ctx.Err() != nil {
+			break // stopped: start no more nodes; their runs stay pending and are cancelled at the end
+		}
+		node := node
+		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+			WorkflowID:          NodeWorkflowID(in.TransactionID, node.Name),
+			WaitForCancellation: true,
+			StaticSummary:       fmt.Sprintf("%s graph on %s: %d task(s)", gp.GraphType, node.Name, node.Runs),
+		})
+		nin := NodeInput{
+			GraphRef:  activities.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi},
+			GraphType: gp.GraphType, NodeID: node.ID, NodeName: node.Name,
+			HeartbeatTimeoutSec: in.HeartbeatTimeoutSec,
+		}
+		f := workflow.ExecuteChildWorkflow(cctx, NodeWorkflow, nin)
+		inFlight++
+		sel.AddFuture(f, func(f workflow.Future) {
+			var r NodeResult
+			err := f.Get(ctx, &r)
+			if err == nil {
+				res.add(r)
+				return
+			}
+			var canceled *temporal.CanceledError
+			if errors.As(err, &canceled) {
+				return
+			}
+			// The node's workflow died (terminated, timed out, a bug): fail
+			// what it left so that nothing waits for it forever.
+			res.lost = append(res.lost, node.Name)
+			dctx, cancel := workflow.NewDisconnectedContext(ctx)
+			defer cancel()
+			abandon := activities.NodeAbandon{
+				NodeRef: activities.NodeRef{GraphRef: nin.GraphRef, NodeID: node.ID},
+				Reason:  "node workflow ended abnormally: " + rootMessage(err),
+			}
+			_ = workflow.ExecuteActivity(stateActivity(dctx), a.AbandonNodeRuns, abandon).Get(dctx, nil)
+			res.Failed++
+		})
+	}
+	for ; inFlight > 0; inFlight-- {
+		sel.Select(ctx)
+	}
+	return res
+}
+
+// rootMessage is the innermost message of a Temporal error chain, which is
+// what an operator needs to read.
+func rootMessage(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err.Error()
+		}
+		err = next
+	}
+}

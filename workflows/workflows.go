@@ -1,0 +1,60 @@
+// Package workflows holds anneal's Temporal workflows. A transaction
+// workflow (ID tx-<uuid>) plans its graphs one after another and starts one
+// child workflow per node (ID tx-<uuid>/<node>); each node workflow runs its
+// tasks one at a time in plan order, and node workflows wake each other with
+// signals for cross-node dependencies. Workflows hold IDs and decisions;
+// Postgres holds the state.
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+)
+
+// Workflow type names as they appear in the Temporal Web UI.
+const (
+	TransactionWorkflow = "Transaction"
+	NodeWorkflow        = "NodeRun"
+)
+
+// SignalRunsFinished carries RunsFinished from one node workflow to another.
+const SignalRunsFinished = "runs-finished"
+
+// DefaultHeartbeatTimeout is how long a run may go without a heartbeat from
+// its agent before it counts as lost.
+const DefaultHeartbeatTimeout = 60 * time.Second
+
+// DefaultMaxNodesInFlight caps the node workflows a transaction runs at once
+// (Temporal allows 2,000 pending children per workflow).
+const DefaultMaxNodesInFlight = 1000
+
+// Register registers the workflows on a worker under their readable names.
+func Register(r worker.WorkflowRegistry) {
+	r.RegisterWorkflowWithOptions(Transaction, workflow.RegisterOptions{Name: TransactionWorkflow})
+	r.RegisterWorkflowWithOptions(NodeRun, workflow.RegisterOptions{Name: NodeWorkflow})
+}
+
+// TransactionWorkflowID is the workflow ID of a transaction.
+func TransactionWorkflowID(txID string) string { return "tx-" + txID }
+
+// NodeWorkflowID is the workflow ID of a node's share of a transaction.
+func NodeWorkflowID(txID, node string) string { return fmt.Sprintf("tx-%s/%s", txID, node) }
+
+// stateActivity is for the short activities that read and write Postgres:
+// they retry without limit (a database restart must not lose a run), and the
+// Web UI shows the last error while they do.
+func stateActivity(ctx workflow.Context) workflow.Context {
+	return workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:        time.Second,
+			BackoffCoefficient:     2,
+			MaximumInterval:        30 * time.Second,
+			NonRetryableErrorTypes: []string{"PlanError", "BadInput"},
+		},
+	})
+}
