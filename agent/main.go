@@ -30,7 +30,7 @@ func main() {
 	flag.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	flag.Parse()
 	if flag.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "agent: unexpected arguments %q\n", flag.Args())
+		fmt.Fprintf(os.Stderr, "anneal-agent: unexpected arguments %q\n", flag.Args())
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -48,7 +48,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := daemon.Run(ctx, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "agent:", err)
+		fmt.Fprintln(os.Stderr, "anneal-agent:", err)
 		stop()
 		os.Exit(1)
 	}

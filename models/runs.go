@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
@@ -364,7 +365,12 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 			finished = now()
 		}
 		run.State, run.ExitCode, run.Outputs, run.Error = state, &exit, outputs, res.Error
-		run.StdoutTail, run.StderrTail, run.FinishedAt = res.StdoutTail, res.StderrTail, &finished
+		// Postgres text cannot hold NUL bytes, which command output may.
+		for k, v := range outputs {
+			outputs[k] = stripNUL(v)
+		}
+		run.StdoutTail, run.StderrTail, run.FinishedAt = stripNUL(res.StdoutTail), stripNUL(res.StderrTail), &finished
+		run.Error = stripNUL(run.Error)
 		run.UpdatedAt = now()
 		if err := tx.Select("state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at").
 			Save(&run).Error; err != nil {
@@ -446,3 +452,5 @@ func (s *Store) RejectLateResult(ctx context.Context, runID int64, attempt int, 
 	}
 	return nil
 }
+
+func stripNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }

@@ -115,6 +115,9 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 		})
 		sel.Select(ctx)
 	}
+	if ctx.Err() == nil {
+		n.flush(ctx)
+	}
 	if ctx.Err() != nil {
 		pending := n.idsIn(models.RunPending)
 		if len(pending) > 0 {
@@ -140,6 +143,18 @@ type nodeState struct {
 	plan   *models.NodePlan
 	state  map[int64]string // this node's runs
 	remote map[int64]string // runs on other nodes this node waits for
+	// sent are the wake-ups sent to other nodes; the workflow must not
+	// close before they are delivered, or the server drops them.
+	sent []workflow.Future
+}
+
+// flush waits until every wake-up sent to another node has been delivered
+// (or has failed because that node's workflow is gone, which is harmless).
+func (n *nodeState) flush(ctx workflow.Context) {
+	for _, f := range n.sent {
+		_ = f.Get(ctx, nil)
+	}
+	n.sent = nil
 }
 
 // learn takes in states of remote runs; the order of the map does not
@@ -295,8 +310,9 @@ func (n *nodeState) tellRemoteKids(ctx workflow.Context, ids []int64) {
 	for _, node := range nodes {
 		// A failed signal (the other node's workflow not started or already
 		// done) is harmless for the reason above.
-		workflow.SignalExternalWorkflow(ctx, NodeWorkflowID(n.in.TransactionID, node), "", SignalRunsFinished,
+		f := workflow.SignalExternalWorkflow(ctx, NodeWorkflowID(n.in.TransactionID, node), "", SignalRunsFinished,
 			RunsFinished{States: byNode[node]})
+		n.sent = append(n.sent, f)
 	}
 }
 

@@ -158,7 +158,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 func newAgent(cfg Config) (*agent, error) {
 	if cfg.Name == "" {
-		return nil, errors.New("agent: no node name given")
+		return nil, errors.New("no node name given")
 	}
 	if cfg.WorkDir == "" {
 		cfg.WorkDir = "anneal-agent"
@@ -192,10 +192,10 @@ func newAgent(cfg Config) (*agent, error) {
 	}
 	workDir, err := filepath.Abs(cfg.WorkDir)
 	if err != nil {
-		return nil, fmt.Errorf("agent: work directory: %w", err)
+		return nil, fmt.Errorf("work directory: %w", err)
 	}
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
-		return nil, fmt.Errorf("agent: work directory: %w", err)
+		return nil, fmt.Errorf("work directory: %w", err)
 	}
 	a := &agent{
 		cfg:      cfg,
@@ -220,7 +220,7 @@ func newAgent(cfg Config) (*agent, error) {
 func checkURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("agent: API URL %q is not an http(s) URL", s)
+		return fmt.Errorf("API URL %q is not an http(s) URL", s)
 	}
 	return nil
 }
@@ -260,11 +260,11 @@ func (a *agent) connect(ctx context.Context) error {
 		return a.register(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+		return err
 	}
 	switch {
 	case a.cfg.APIURL == "" && cred.APIURL == "":
-		return fmt.Errorf("agent: no API URL given and none stored in %s", a.credPath)
+		return fmt.Errorf("no API URL given and none stored in %s", a.credPath)
 	case a.cfg.APIURL == "":
 		if err := checkURL(cred.APIURL); err != nil {
 			return fmt.Errorf("%w (stored in %s)", err, a.credPath)
@@ -295,7 +295,7 @@ func (a *agent) connect(ctx context.Context) error {
 	case statusOf(err) == http.StatusUnauthorized:
 		return a.credentialRejected(err)
 	default:
-		return fmt.Errorf("agent: first heartbeat refused by the API: %w", err)
+		return fmt.Errorf("first heartbeat refused by the API: %w", err)
 	}
 	if hb.NodeID != 0 && cred.NodeID != 0 && hb.NodeID != cred.NodeID {
 		a.log.Warn("the API says the credential belongs to another node id", "stored", cred.NodeID, "api", hb.NodeID)
@@ -306,10 +306,10 @@ func (a *agent) connect(ctx context.Context) error {
 
 func (a *agent) register(ctx context.Context) error {
 	if a.cfg.APIURL == "" {
-		return errors.New("agent: no credential stored and no API URL given")
+		return errors.New("no credential stored and no API URL given")
 	}
 	if a.cfg.EnrollToken == "" {
-		return fmt.Errorf("agent: no credential in %s and no enrollment token given to register the node", a.credPath)
+		return fmt.Errorf("no credential in %s and no enrollment token given to register the node", a.credPath)
 	}
 	req := protocol.RegisterRequest{Name: a.cfg.Name, Admin: a.cfg.Admin, BootID: a.bootID, Address: a.cfg.Address}
 	var resp protocol.RegisterResponse
@@ -324,17 +324,17 @@ func (a *agent) register(ctx context.Context) error {
 		}
 		var apiErr *APIError
 		if errors.As(err, &apiErr) {
-			return fmt.Errorf("agent: the API refused to register node %q (%d %s): %s",
+			return fmt.Errorf("the API refused to register node %q (%d %s): %s",
 				a.cfg.Name, apiErr.Status, apiErr.Code, apiMessage(err))
 		}
-		return fmt.Errorf("agent: registering node %q: %w", a.cfg.Name, err)
+		return fmt.Errorf("registering node %q: %w", a.cfg.Name, err)
 	}
 	cred := Credential{NodeID: resp.NodeID, Name: resp.Name, Token: resp.Token, APIURL: a.cfg.APIURL}
 	if cred.Name == "" {
 		cred.Name = a.cfg.Name
 	}
 	if err := SaveCredential(a.credPath, cred); err != nil {
-		return fmt.Errorf("agent: node %q registered (id %d) but its credential could not be stored: %w", cred.Name, cred.NodeID, err)
+		return fmt.Errorf("node %q registered (id %d) but its credential could not be stored: %w", cred.Name, cred.NodeID, err)
 	}
 	if cred.Name != a.name {
 		a.name = cred.Name

@@ -334,7 +334,7 @@ func ensurePrivatePostgres(ctx context.Context, stateDir string, log *slog.Logge
 
 	// Serialize initdb/start between processes sharing this cluster.
 	unlock, err := lockFile(ctx, filepath.Join(base, "pg.lock"), func() {
-		log.Info("waiting for another process setting up the private PostgreSQL cluster", "data_dir", dataDir)
+		log.Info("waiting for another caller setting up the private PostgreSQL cluster", "data_dir", dataDir)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("private PostgreSQL cluster: %w", err)

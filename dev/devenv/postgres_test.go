@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -221,4 +222,37 @@ func TestEnsurePostgresBadMode(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, strings.Contains(err.Error(), devenv.EnvPostgresMode), err.Error())
 	assert.False(t, errors.Is(err, context.Canceled))
+}
+
+func TestPrivateClusterConcurrentCallers(t *testing.T) {
+	if _, err := devenv.FindPostgresBinDir(); err != nil {
+		t.Skipf("no PostgreSQL server binaries: %v", err)
+	}
+	t.Setenv(devenv.EnvPostgresMode, devenv.PostgresPrivate)
+	stateDir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var pgs [2]*devenv.Postgres
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i := range pgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pgs[i], errs[i] = devenv.EnsurePostgres(ctx, stateDir, testLogger(t))
+		}()
+	}
+	wg.Wait()
+	for i := range pgs {
+		require.NoError(t, errs[i])
+		p := pgs[i]
+		t.Cleanup(func() {
+			_ = p.Close()
+			if dir := filepath.Dir(p.DataDir); strings.HasPrefix(filepath.Base(dir), "anneal-pg-") {
+				os.RemoveAll(dir)
+			}
+		})
+	}
+	assert.Equal(t, pgs[0].URL, pgs[1].URL)
+	assert.True(t, pgs[0].StartedHere() != pgs[1].StartedHere(), "exactly one caller started the cluster")
 }

@@ -75,7 +75,7 @@ func TemporalBinary(ctx context.Context, log *slog.Logger) (string, error) {
 		return "", fmt.Errorf("Temporal CLI cache directory: %w", err)
 	}
 	unlock, err := lockFile(ctx, filepath.Join(dir, ".build.lock"), func() {
-		log.Info("waiting for another process building the Temporal CLI v"+TemporalCLIVersion, "dir", dir)
+		log.Info("waiting for another caller building the Temporal CLI v"+TemporalCLIVersion, "dir", dir)
 	})
 	if err != nil {
 		return "", fmt.Errorf("build the Temporal CLI: %w", err)

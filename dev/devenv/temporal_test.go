@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,4 +168,55 @@ func TestEnsureTemporalPortTakenByStranger(t *testing.T) {
 	_, err = devenv.EnsureTemporal(ctx, devenv.TemporalOptions{StateDir: t.TempDir(), Port: port, UIPort: devenv.HeadlessUI}, testLogger(t))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "not answer as a Temporal frontend")
+}
+
+// TestTemporalBinaryBuildsOnce runs the build path with a fake `go` that
+// "installs" a script answering --version like the real CLI.
+func TestTemporalBinaryBuildsOnce(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("os.UserCacheDir honours XDG_CACHE_HOME on Linux only")
+	}
+	fakeBin := t.TempDir()
+	cache := t.TempDir()
+	count := filepath.Join(t.TempDir(), "builds")
+	fakeGo := `#!/bin/sh
+echo "fake go $*"
+echo x >> ` + count + `
+sleep 1
+printf '#!/bin/sh\necho "temporal version ` + devenv.TemporalCLIVersion + ` (Server 1.29.1, UI 2.42.1)"\n' > "$GOBIN/temporal"
+chmod +x "$GOBIN/temporal"
+`
+	require.NoError(t, os.WriteFile(filepath.Join(fakeBin, "go"), []byte(fakeGo), 0o755))
+	t.Setenv("PATH", fakeBin+":/usr/bin:/bin")
+	t.Setenv("XDG_CACHE_HOME", cache)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	paths := make([]string, 3)
+	errs := make([]error, 3)
+	for i := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			paths[i], errs[i] = devenv.TemporalBinary(ctx, testLogger(t))
+		}()
+	}
+	wg.Wait()
+	want := filepath.Join(cache, "anneal", "temporal-v"+devenv.TemporalCLIVersion, "temporal")
+	for i := range paths {
+		require.NoError(t, errs[i])
+		assert.Equal(t, want, paths[i])
+	}
+	b, err := os.ReadFile(count)
+	require.NoError(t, err)
+	assert.Equal(t, "x\n", string(b), "built exactly once")
+	entries, err := os.ReadDir(filepath.Dir(want))
+	require.NoError(t, err)
+	for _, e := range entries {
+		assert.NotContains(t, e.Name(), ".build-", "temporary GOBIN removed")
+	}
+	logb, err := os.ReadFile(filepath.Join(filepath.Dir(want), "build.log"))
+	require.NoError(t, err)
+	assert.Contains(t, string(logb), "fake go install github.com/temporalio/cli/cmd/temporal@v"+devenv.TemporalCLIVersion)
 }

@@ -162,17 +162,6 @@ func TestDecodeTask(t *testing.T) {
 		decode func([]byte, any) error
 		doc    string
 	}{
-		{"yaml single strings and hyphenated cross-depends", yaml.Unmarshal, `
-id: haproxy
-type: puppet
-role: controller
-groups: [primary-controller, controller]
-requires: [globals]
-cross-depends:
-  - name: /^keystone/
-    role: controller
-parameters: {cmd: "true", timeout: 60, retries: 2}
-`},
 		{"yaml lists and snake_case", yaml.Unmarshal, `
 id: haproxy
 type: puppet
@@ -187,10 +176,6 @@ parameters: {cmd: "true", timeout: 60, retries: 2}
 		{"json single strings", json.Unmarshal, `{"id":"haproxy","type":"puppet","role":"controller",
 "groups":["primary-controller","controller"],"requires":["globals"],
 "cross_depends":[{"name":"/^keystone/","role":"controller"}],
-"parameters":{"cmd":"true","timeout":60,"retries":2}}`},
-		{"json hyphenated", json.Unmarshal, `{"id":"haproxy","type":"puppet","role":["controller"],
-"groups":["primary-controller","controller"],"requires":["globals"],
-"cross-depends":[{"name":"/^keystone/","role":["controller"]}],
 "parameters":{"cmd":"true","timeout":60,"retries":2}}`},
 	}
 	for _, tc := range tests {

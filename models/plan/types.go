@@ -177,58 +177,6 @@ func (t Task) Selector() []string {
 	}
 }
 
-// taskAliases holds the hyphenated spellings that Fuel task files (format
-// 2.0, plugin templates) use for the cross-node fields.
-type taskAliases struct {
-	CrossDepends    []CrossDep `json:"cross-depends" yaml:"cross-depends"`
-	CrossDependedBy []CrossDep `json:"cross-depended-by" yaml:"cross-depended-by"`
-}
-
-// apply fills the snake_case fields from the hyphenated ones when only the
-// latter were written, so real Fuel graphs import unchanged.
-func (a taskAliases) apply(t *Task) {
-	if len(t.CrossDepends) == 0 {
-		t.CrossDepends = a.CrossDepends
-	}
-	if len(t.CrossDependedBy) == 0 {
-		t.CrossDependedBy = a.CrossDependedBy
-	}
-}
-
-// UnmarshalJSON decodes a task, also accepting Fuel's "cross-depends" and
-// "cross-depended-by" spellings.
-func (t *Task) UnmarshalJSON(b []byte) error {
-	type plain Task // no methods: avoids recursing into this one
-	var p plain
-	if err := json.Unmarshal(b, &p); err != nil {
-		return fmt.Errorf("task: %w", err)
-	}
-	var a taskAliases
-	if err := json.Unmarshal(b, &a); err != nil {
-		return fmt.Errorf("task %q: %w", p.ID, err)
-	}
-	*t = Task(p)
-	a.apply(t)
-	return nil
-}
-
-// UnmarshalYAML decodes a task, also accepting Fuel's "cross-depends" and
-// "cross-depended-by" spellings.
-func (t *Task) UnmarshalYAML(unmarshal func(any) error) error {
-	type plain Task // no methods: avoids recursing into this one
-	var p plain
-	if err := unmarshal(&p); err != nil {
-		return fmt.Errorf("task: %w", err)
-	}
-	var a taskAliases
-	if err := unmarshal(&a); err != nil {
-		return fmt.Errorf("task %q: %w", p.ID, err)
-	}
-	*t = Task(p)
-	a.apply(t)
-	return nil
-}
-
 // Node is a node as the planner sees it: its tags must already include the
 // names of its roles (see NodeTags).
 type Node struct {

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+
+	"github.com/anneal-dev/anneal/dev/devenv"
+	"github.com/anneal-dev/anneal/dev/testenv"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// testTemplate is the migrated database every integration test clones.
+const testTemplate = "anneal_test"
+
+// test prepares Postgres (a freshly migrated template database) and a
+// headless, in-memory Temporal dev server, then runs go test -race on the
+// whole module (or on the packages and flags given).
+func test(ctx context.Context, root, state string, args []string, log *slog.Logger) error {
+	pg, err := devenv.EnsurePostgres(ctx, state, log)
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	tplURL, err := pg.ResetDatabase(ctx, testTemplate)
+	if err != nil {
+		return err
+	}
+	if err := migrateOnce(ctx, tplURL); err != nil {
+		return err
+	}
+	opts := devenv.DefaultTemporalOptions(state)
+	opts.Port = 0 // a free port: never collide with a running `dev up`
+	opts.UIPort = devenv.HeadlessUI
+	opts.Ephemeral = true
+	opts.LogFile = state + "/test-temporal.log"
+	tmp, err := devenv.EnsureTemporal(ctx, opts, log)
+	if err != nil {
+		return err
+	}
+	defer tmp.Close()
+
+	goArgs := []string{"test", "-race", "-count=1", "-timeout=30m"}
+	if len(args) == 0 {
+		args = []string{"./..."}
+	}
+	goArgs = append(goArgs, args...)
+	log.Info("running tests", "postgres", pg.Source, "temporal", tmp.Address, "cmd", "go "+fmt.Sprint(goArgs))
+	cmd := exec.CommandContext(ctx, "go", goArgs...)
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(),
+		testenv.EnvDatabaseURL+"="+pg.URL,
+		testenv.EnvTemplate+"="+testTemplate,
+		testenv.EnvTemporal+"="+tmp.Address,
+		testenv.EnvRequire+"=1",
+	)
+	if err := cmd.Run(); err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return &exitError{code: exit.ExitCode()}
+		}
+		return fmt.Errorf("go test: %w", err)
+	}
+	return nil
+}
+
+// migrateOnce migrates a database and closes the connection (a template
+// must have no sessions when it is cloned).
+func migrateOnce(ctx context.Context, url string) error {
+	db, err := models.Open(ctx, url)
+	if err != nil {
+		return err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	defer sqlDB.Close()
+	return models.Migrate(ctx, db)
+}

@@ -1,0 +1,223 @@
+// Package testenv gives integration tests a real Postgres database and a
+// real Temporal server, as prepared by `go run ./dev test`, and assembles a
+// whole anneal stack (worker, REST API over HTTP) on them.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/client"
+
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/web"
+	"github.com/anneal-dev/anneal/worker/server"
+)
+
+// Environment variables set by `go run ./dev test`.
+const (
+	EnvDatabaseURL = "ANNEAL_TEST_DATABASE_URL" // admin URL of the test Postgres server
+	EnvTemplate    = "ANNEAL_TEST_TEMPLATE"     // a migrated database to clone per test
+	EnvTemporal    = "ANNEAL_TEST_TEMPORAL_ADDRESS"
+	EnvRequire     = "ANNEAL_REQUIRE_INTEGRATION" // set: missing services fail instead of skip
+)
+
+func need(t testing.TB, key string) string {
+	t.Helper()
+	v := os.Getenv(key)
+	if v == "" {
+		if os.Getenv(EnvRequire) != "" {
+			t.Fatalf("%s is not set although %s is", key, EnvRequire)
+		}
+		t.Skipf("integration test: %s is not set; run the suite with `go run ./dev test`", key)
+	}
+	return v
+}
+
+// Database returns the URL of a fresh, migrated database of its own,
+// cloned from the template and dropped when the test ends.
+func Database(t testing.TB) string {
+	t.Helper()
+	admin := need(t, EnvDatabaseURL)
+	template := need(t, EnvTemplate)
+	name := "anneal_t_" + strings.ReplaceAll(uuid.NewString()[:13], "-", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	require.NoError(t, err, "connect to the test Postgres server")
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s",
+		pgx.Identifier{name}.Sanitize(), pgx.Identifier{template}.Sanitize()))
+	require.NoError(t, err, "clone the template database")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
+}
+
+// Store opens a fresh database (see Database) as a Store.
+func Store(t testing.TB) (*models.Store, string) {
+	t.Helper()
+	dbURL := Database(t)
+	db, err := models.Open(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	return &models.Store{DB: db, Domain: server.DefaultDomain}, dbURL
+}
+
+// TemporalClient dials the test Temporal server.
+func TemporalClient(t testing.TB) client.Client {
+	t.Helper()
+	addr := need(t, EnvTemporal)
+	c, err := client.Dial(client.Options{HostPort: addr, Logger: quietLogger{}})
+	require.NoError(t, err, "dial Temporal at %s", addr)
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Options tune a Stack.
+type Options struct {
+	// HeartbeatTimeoutSec is handed to transactions (default 3 in tests, so
+	// that a dead agent fails fast).
+	HeartbeatTimeoutSec int
+}
+
+// Stack is a running anneal: its own database, a worker on its own task
+// queue and the REST API over real HTTP.
+type Stack struct {
+	URL         string
+	AdminToken  string
+	EnrollToken string
+	Store       *models.Store
+	DatabaseURL string
+	Temporal    client.Client
+	TaskQueue   string
+}
+
+// NewStack starts a stack that stops when the test ends.
+func NewStack(t testing.TB, opts Options) *Stack {
+	t.Helper()
+	if opts.HeartbeatTimeoutSec == 0 {
+		opts.HeartbeatTimeoutSec = 3
+	}
+	log := Logger(t)
+	store, dbURL := Store(t)
+	tc := TemporalClient(t)
+	queue := "anneal-test-" + uuid.NewString()[:8]
+	w := server.NewWorker(tc, store, queue, log)
+	require.NoError(t, w.Start())
+	t.Cleanup(w.Stop)
+	api := web.New(web.Config{
+		Store: store, Temporal: tc, TaskQueue: queue, DatabaseURL: dbURL,
+		HeartbeatTimeoutSec: opts.HeartbeatTimeoutSec, Log: log,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	api.StartListener(ctx)
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(func() { cancel(); srv.Close() })
+	admin, err := store.CreateAPIToken(ctx, "test-admin", models.ScopeAdmin)
+	require.NoError(t, err)
+	enroll, err := store.CreateAPIToken(ctx, "test-enroll", models.ScopeEnroll)
+	require.NoError(t, err)
+	return &Stack{URL: srv.URL, AdminToken: admin, EnrollToken: enroll, Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue}
+}
+
+// Logger writes to the test log, so output shows only for failing tests.
+// Lines logged after the test has ended (by goroutines still stopping) are
+// dropped, since testing panics on them.
+func Logger(t testing.TB) *slog.Logger {
+	w := &testWriter{t: t}
+	t.Cleanup(func() { w.done.Store(true) }) // registered first, so it runs last
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct {
+	t    testing.TB
+	done atomic.Bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	if !w.done.Load() {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+// quietLogger drops the Temporal client's own chatter.
+type quietLogger struct{}
+
+func (quietLogger) Debug(string, ...any) {}
+func (quietLogger) Info(string, ...any)  {}
+func (quietLogger) Warn(string, ...any)  {}
+func (quietLogger) Error(string, ...any) {}
+
+// Call sends a JSON request with the given token and decodes a JSON answer
+// into out (when not nil). It returns the status code and the raw body.
+func Call(t testing.TB, method, url, token string, body any, out any) (int, []byte) {
+	t.Helper()
+	var reader io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		reader = strings.NewReader(b)
+	case []byte:
+		reader = bytes.NewReader(b)
+	default:
+		buf, err := json.Marshal(b)
+		require.NoError(t, err)
+		reader = bytes.NewReader(buf)
+	}
+	req, err := http.NewRequest(method, url, reader)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err, "%s %s", method, url)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	if out != nil && len(raw) > 0 && resp.StatusCode < 300 {
+		require.NoError(t, json.Unmarshal(raw, out), "decode %s", raw)
+	}
+	return resp.StatusCode, raw
+}
+
+// Do calls the stack's API with the admin token.
+func (s *Stack) Do(t testing.TB, method, path string, body, out any) (int, []byte) {
+	t.Helper()
+	return Call(t, method, s.URL+path, s.AdminToken, body, out)
+}

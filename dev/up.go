@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/anneal-dev/anneal/dev/devenv"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/scenarios"
+	"github.com/anneal-dev/anneal/worker/server"
+)
+
+// Names of the things `dev up` sets up.
+const (
+	devDatabase   = "anneal"
+	devDeployment = "sample"
+)
+
+// up brings the whole system up and keeps it up until ctx ends.
+func up(ctx context.Context, root, state string, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	nodes := fs.Int("nodes", 3, "simulated nodes to start")
+	apiAddr := fs.String("api", server.DefaultAPIAddr, "address of the REST API")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *nodes < 1 {
+		return errors.New("--nodes must be at least 1")
+	}
+	if err := os.MkdirAll(filepath.Join(state, "logs"), 0o755); err != nil {
+		return err
+	}
+	pg, err := devenv.EnsurePostgres(ctx, state, log)
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	dbURL, err := pg.EnsureDatabase(ctx, devDatabase)
+	if err != nil {
+		return err
+	}
+	tmp, err := devenv.EnsureTemporal(ctx, devenv.DefaultTemporalOptions(state), log)
+	if err != nil {
+		return err
+	}
+	defer tmp.Close()
+	bin, err := buildBinaries(ctx, root, state)
+	if err != nil {
+		return err
+	}
+	env, err := loadOrCreateEnv(ctx, state, dbURL)
+	if err != nil {
+		return err
+	}
+	apiURL := "http://" + *apiAddr
+	env["ANNEAL_URL"], env["TEMPORAL_UI"], env["TEMPORAL_ADDRESS"] = apiURL, tmp.UIURL, tmp.Address
+
+	srv, err := devenv.StartProc("worker", exec.Command(filepath.Join(bin, "worker"),
+		"-database-url", dbURL, "-temporal", tmp.Address, "-api", *apiAddr), filepath.Join(state, "logs", "worker.log"))
+	if err != nil {
+		return err
+	}
+	defer srv.Stop(10 * time.Second)
+	if err := waitHealthy(ctx, apiURL, 60*time.Second, srv.Done()); err != nil {
+		return fmt.Errorf("%w\n%s", err, srv.LogTail(20))
+	}
+	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
+	if err := seed(ctx, api); err != nil {
+		return err
+	}
+	var agents []*devenv.Proc
+	defer func() {
+		for _, a := range agents {
+			a.Stop(5 * time.Second)
+		}
+	}()
+	names := make([]string, *nodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%d.%s", i+1, server.DefaultDomain)
+		workdir := filepath.Join(state, "nodes", names[i])
+		a, err := devenv.StartProc(names[i], exec.Command(filepath.Join(bin, "agent"),
+			"--api", apiURL, "--name", names[i], "--enroll-token", env["ANNEAL_ENROLL_TOKEN"], "--workdir", workdir),
+			filepath.Join(state, "logs", names[i]+".log"))
+		if err != nil {
+			return err
+		}
+		agents = append(agents, a)
+	}
+	if err := assignNodes(ctx, api, names); err != nil {
+		return err
+	}
+	if err := writeEnv(state, env); err != nil {
+		return err
+	}
+	fmt.Printf(`
+anneal is up.
+  API          %s   (token in .dev/env: source .dev/env)
+  API token    %s
+  Temporal UI  %s
+  Temporal     %s
+  Postgres     %s (%s)
+  Nodes        %s  (deployment %q)
+  Logs         %s
+
+Try:  source .dev/env && curl -s -H "Authorization: Bearer $ANNEAL_TOKEN" \
+        -d '{"deployment":"sample","graphs":[{"type":"deployment"}]}' $ANNEAL_URL/api/v1/graphs/execute
+Ctrl-C stops everything.
+`, apiURL, env["ANNEAL_TOKEN"], tmp.UIURL, tmp.Address, dbURL, pg.Source, strings.Join(names, ", "), devDeployment,
+		filepath.Join(state, "logs"))
+	select {
+	case <-ctx.Done():
+		fmt.Println("\nstopping...")
+		return nil
+	case <-srv.Done():
+		return fmt.Errorf("the worker exited: %v\n%s", srv.Err(), srv.LogTail(20))
+	}
+}
+
+// buildBinaries builds the worker and the agent into .dev/bin.
+func buildBinaries(ctx context.Context, root, state string) (string, error) {
+	bin := filepath.Join(state, "bin")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin+string(os.PathSeparator), "./worker", "./agent")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build worker and agent: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// loadOrCreateEnv reuses the tokens of .dev/env, or mints new ones, and
+// makes sure the database knows them.
+func loadOrCreateEnv(ctx context.Context, state, dbURL string) (map[string]string, error) {
+	env := map[string]string{}
+	if f, err := os.Open(filepath.Join(state, "env")); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "="); ok {
+				env[k] = strings.Trim(v, `'"`)
+			}
+		}
+		f.Close()
+	}
+	if env["ANNEAL_TOKEN"] == "" {
+		env["ANNEAL_TOKEN"] = models.NewSecret("ann_")
+	}
+	if env["ANNEAL_ENROLL_TOKEN"] == "" {
+		env["ANNEAL_ENROLL_TOKEN"] = models.NewSecret("ann_")
+	}
+	db, err := models.Open(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	if err := models.Migrate(ctx, db); err != nil {
+		return nil, err
+	}
+	store := &models.Store{DB: db}
+	if err := store.ImportAPIToken(ctx, "dev-admin", models.ScopeAdmin, env["ANNEAL_TOKEN"]); err != nil {
+		return nil, err
+	}
+	if err := store.ImportAPIToken(ctx, "dev-enroll", models.ScopeEnroll, env["ANNEAL_ENROLL_TOKEN"]); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+func writeEnv(state string, env map[string]string) error {
+	var b strings.Builder
+	b.WriteString("# Written by `go run ./dev up`; source it: . .dev/env\n")
+	for _, k := range []string{"ANNEAL_URL", "ANNEAL_TOKEN", "ANNEAL_ENROLL_TOKEN", "TEMPORAL_UI", "TEMPORAL_ADDRESS"} {
+		fmt.Fprintf(&b, "export %s='%s'\n", k, env[k])
+	}
+	return os.WriteFile(filepath.Join(state, "env"), []byte(b.String()), 0o600)
+}
+
+// seed imports the sample release and creates the sample deployment
+// through the API, as an operator would.
+func seed(ctx context.Context, api *apiClient) error {
+	if _, err := api.call(ctx, http.MethodPost, "/api/v1/releases", "application/yaml", scenarios.SampleRelease, nil); err != nil {
+		return fmt.Errorf("import the sample release: %w", err)
+	}
+	status, err := api.call(ctx, http.MethodPost, "/api/v1/deployments", "", map[string]string{"name": devDeployment, "release": "sample"}, nil)
+	if err != nil && status != http.StatusConflict {
+		return fmt.Errorf("create the sample deployment: %w", err)
+	}
+	return nil
+}
+
+// assignNodes waits for the agents to phone home, then puts their nodes
+// into the sample deployment: the first is the controller, the rest compute.
+func assignNodes(ctx context.Context, api *apiClient, names []string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for i, name := range names {
+		role := "compute"
+		if i == 0 {
+			role = "controller"
+		}
+		for {
+			var node models.Node
+			_, err := api.call(ctx, http.MethodGet, "/api/v1/nodes/"+name, "", nil, &node)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("node %s did not register within 60s (see .dev/logs/%s.log): %w", name, name, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		body := map[string]any{"deployment": devDeployment, "roles": []string{role}}
+		if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", body, nil); err != nil {
+			return fmt.Errorf("assign %s to %s: %w", role, name, err)
+		}
+	}
+	return nil
+}
