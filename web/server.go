@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -264,6 +265,8 @@ func bindStrict(c echo.Context, v any) error {
 		switch {
 		case errors.As(err, &syntax):
 			return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err)}
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed JSON: the body ends in the middle of a value"}
 		case errors.As(err, &typ):
 			return &models.InputError{Status: http.StatusBadRequest, Field: typ.Field, Reason: fmt.Sprintf("must be %s, not %s", typ.Type, typ.Value)}
 		case strings.HasPrefix(err.Error(), "json: unknown field "):

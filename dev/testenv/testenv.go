@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/client"
 
+	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/worker/server"
@@ -183,13 +184,19 @@ func (quietLogger) Info(string, ...any)  {}
 func (quietLogger) Warn(string, ...any)  {}
 func (quietLogger) Error(string, ...any) {}
 
+// YAML is a request body sent as application/yaml.
+type YAML string
+
 // Call sends a JSON request with the given token and decodes a JSON answer
 // into out (when not nil). It returns the status code and the raw body.
 func Call(t testing.TB, method, url, token string, body any, out any) (int, []byte) {
 	t.Helper()
 	var reader io.Reader
+	contentType := "application/json"
 	switch b := body.(type) {
 	case nil:
+	case YAML:
+		reader, contentType = strings.NewReader(string(b)), "application/yaml"
 	case string:
 		reader = strings.NewReader(b)
 	case []byte:
@@ -201,7 +208,7 @@ func Call(t testing.TB, method, url, token string, body any, out any) (int, []by
 	}
 	req, err := http.NewRequest(method, url, reader)
 	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -220,4 +227,52 @@ func Call(t testing.TB, method, url, token string, body any, out any) (int, []by
 func (s *Stack) Do(t testing.TB, method, path string, body, out any) (int, []byte) {
 	t.Helper()
 	return Call(t, method, s.URL+path, s.AdminToken, body, out)
+}
+
+// Agent is a real node agent running in the test process against the
+// stack's API over HTTP, in its own work directory.
+type Agent struct {
+	Name    string
+	WorkDir string
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+// StartAgent starts an agent that phones home as name and stops when the
+// test ends (or when Stop is called, simulating a dead node).
+func (s *Stack) StartAgent(t testing.TB, name string) *Agent {
+	t.Helper()
+	a := &Agent{Name: name, WorkDir: t.TempDir(), done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	cfg := daemon.Config{
+		APIURL: s.URL, Name: name, EnrollToken: s.EnrollToken, WorkDir: a.WorkDir,
+		HeartbeatEvery: time.Second, RunHeartbeatEvery: time.Second, PollWait: 5 * time.Second,
+		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(t).With("agent", name),
+	}
+	go func() { a.done <- daemon.Run(ctx, cfg) }()
+	t.Cleanup(a.Stop)
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(a.WorkDir + "/" + daemon.CredentialFile)
+		return err == nil
+	}, 15*time.Second, 20*time.Millisecond, "agent %s did not register", name)
+	return a
+}
+
+// Stop stops the agent and waits for it, like a node that dies.
+func (a *Agent) Stop() {
+	if a.cancel == nil {
+		return
+	}
+	a.cancel()
+	a.cancel = nil
+	<-a.done
+}
+
+// Token returns the agent's own credential, as stored in its work directory.
+func (a *Agent) Token(t testing.TB) string {
+	t.Helper()
+	c, err := daemon.LoadCredential(a.WorkDir + "/" + daemon.CredentialFile)
+	require.NoError(t, err)
+	return c.Token
 }
