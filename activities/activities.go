@@ -101,21 +101,26 @@ type RunTaskInput struct {
 // alive, so a dead agent turns into a heartbeat timeout.
 func (a *Activities) RunTaskOnNode(ctx context.Context, in RunTaskInput) (*RunOutcome, error) {
 	info := activity.GetInfo(ctx)
-	run, err := a.Store.DispatchRun(ctx, in.RunID, int(info.Attempt), info.TaskToken)
+	run, err := a.Store.DispatchRun(ctx, in.RunID, info.TaskToken)
 	if err != nil {
 		return nil, err
 	}
-	if run.State == models.RunSucceeded {
+	switch run.State {
+	case models.RunRunning:
+		a.Log.Info("run dispatched to agent", "transaction", run.TransactionID, "node", in.Node, "task", in.Task,
+			"run", in.RunID, "attempt", run.Attempt, "activity_attempt", info.Attempt)
+		return nil, activity.ErrResultPending
+	case models.RunSucceeded:
 		// A retry after the agent already reported success: do not run twice.
 		exit := 0
 		if run.ExitCode != nil {
 			exit = *run.ExitCode
 		}
 		return &RunOutcome{ExitCode: exit}, nil
+	default:
+		return nil, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("run %d (%s on %s) is %s and cannot be dispatched", in.RunID, in.Task, in.Node, run.State), "NotDispatchable", nil)
 	}
-	a.Log.Info("run dispatched to agent", "transaction", run.TransactionID, "node", in.Node, "task", in.Task,
-		"run", in.RunID, "attempt", info.Attempt)
-	return nil, activity.ErrResultPending
 }
 
 // RunFailure records a run that failed outside the agent's report (timeout,

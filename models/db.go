@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-gormigrate/gormigrate/v2"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -123,4 +124,14 @@ func (e *ConflictError) Error() string { return e.Reason }
 
 func notFound(what string, key any) error {
 	return fmt.Errorf("%s %v: %w", what, key, ErrNotFound)
+}
+
+// uniqueViolation turns a unique-constraint error (two requests racing for
+// one name) into a conflict; other errors pass through.
+func uniqueViolation(err error, reason string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return &ConflictError{Reason: reason}
+	}
+	return err
 }

@@ -89,7 +89,7 @@ func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Depl
 			return &ConflictError{Reason: fmt.Sprintf("a deployment named %q already exists", in.Name)}
 		}
 		if err := tx.Create(dep).Error; err != nil {
-			return fmt.Errorf("create deployment %q: %w", in.Name, err)
+			return fmt.Errorf("create deployment %q: %w", in.Name, uniqueViolation(err, fmt.Sprintf("a deployment named %q already exists", in.Name)))
 		}
 		return nil
 	})

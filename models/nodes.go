@@ -86,7 +86,7 @@ func (s *Store) CreateNode(ctx context.Context, in NodeInput, withCredential boo
 			node.Alive = true
 		}
 		if err := tx.Create(node).Error; err != nil {
-			return fmt.Errorf("create node %q: %w", in.Name, err)
+			return fmt.Errorf("create node %q: %w", in.Name, uniqueViolation(err, fmt.Sprintf("a node named %q already exists", in.Name)))
 		}
 		return nil
 	})
@@ -164,10 +164,15 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(node, node.ID).Error; err != nil {
 			return fmt.Errorf("lock node %s: %w", ref, err)
 		}
-		dep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+		oldDep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
 		if err != nil {
 			return err
 		}
+		oldRoles, err := releaseRoles(tx, oldDep)
+		if err != nil {
+			return err
+		}
+		dep, newRoles := oldDep, oldRoles
 		if up.Deployment != nil {
 			dep, err = findDeployment(tx, *up.Deployment)
 			if errors.Is(err, ErrNotFound) {
@@ -176,29 +181,27 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 			if err != nil {
 				return err
 			}
+			if newRoles, err = releaseRoles(tx, dep); err != nil {
+				return err
+			}
 			node.DeploymentID = dep.ID
 		}
-		if up.Roles != nil {
-			if dep.ReleaseID == nil && len(*up.Roles) > 0 {
-				return Invalid("roles", "deployment %q has no release, so it has no roles to assign", dep.Name)
-			}
-			var roles []Role
-			if dep.ReleaseID != nil {
-				if err := tx.Where("release_id = ?", *dep.ReleaseID).Find(&roles).Error; err != nil {
-					return fmt.Errorf("load roles: %w", err)
+		roles := up.Roles
+		if roles == nil && dep.ID != oldDep.ID {
+			// Roles belong to a deployment's release: moving without a new
+			// role list leaves the node with none.
+			roles = &[]string{}
+		}
+		if roles != nil {
+			for i, name := range *roles {
+				if _, ok := newRoles[name]; !ok {
+					return Invalid(fmt.Sprintf("roles[%d]", i), "role %q is not in the release of deployment %q", name, dep.Name)
 				}
 			}
-			byName := map[string]Role{}
-			for _, r := range roles {
-				byName[r.Name] = r
-			}
-			for i, name := range *up.Roles {
-				if _, ok := byName[name]; !ok {
-					return Invalid(fmt.Sprintf("roles[%d]", i), "role %q is not in the deployment's release", name)
-				}
-			}
-			node.Tags = reassignRoleTags(node.Tags, node.Roles, *up.Roles, byName)
-			node.Roles = slices.Clone(*up.Roles)
+			// Drop what the old roles brought (as their release defined
+			// them), then add what the new ones bring.
+			node.Tags = reassignRoleTags(reassignRoleTags(node.Tags, node.Roles, nil, oldRoles), nil, *roles, newRoles)
+			node.Roles = slices.Clone(*roles)
 		}
 		node.UpdatedAt = now()
 		if err := tx.Select("deployment_id", "roles", "tags", "updated_at").Save(node).Error; err != nil {
@@ -208,6 +211,22 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 		return nil
 	})
 	return out, err
+}
+
+// releaseRoles maps the roles of a deployment's release by name.
+func releaseRoles(tx *gorm.DB, dep *Deployment) (map[string]Role, error) {
+	out := map[string]Role{}
+	if dep.ReleaseID == nil {
+		return out, nil
+	}
+	var roles []Role
+	if err := tx.Where("release_id = ?", *dep.ReleaseID).Find(&roles).Error; err != nil {
+		return nil, fmt.Errorf("load roles of deployment %s: %w", dep.Name, err)
+	}
+	for _, r := range roles {
+		out[r.Name] = r
+	}
+	return out, nil
 }
 
 // reassignRoleTags drops the tags brought by roles no longer assigned and

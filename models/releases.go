@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,6 +90,10 @@ func (s *Store) ImportRelease(ctx context.Context, spec ReleaseSpec) (*Release, 
 			}
 		}
 	}
+	if cycle := roleCycle(spec.RolesMetadata, roleNames); cycle != nil {
+		return nil, &InputError{Field: "roles_metadata", Reason: "role requirements form a cycle: " + strings.Join(cycle, " -> "),
+			Details: map[string]any{"cycle": cycle}}
+	}
 	graphTypes := make([]string, 0, len(spec.Graphs))
 	for typ, g := range spec.Graphs {
 		if err := plan.Validate(g.Tasks); err != nil {
@@ -157,4 +162,46 @@ func nonNil(list []string) []string {
 		return []string{}
 	}
 	return list
+}
+
+// roleCycle returns a cycle in the roles' requirements as a path that ends
+// where it starts, or nil. Roles are visited in name order, so the answer is
+// the same every time.
+func roleCycle(roles map[string]RoleSpec, names []string) []string {
+	const (
+		unseen = iota
+		onPath
+		done
+	)
+	state := map[string]int{}
+	var path []string
+	var visit func(string) []string
+	visit = func(name string) []string {
+		state[name] = onPath
+		path = append(path, name)
+		reqs := append([]string(nil), roles[name].Requires...)
+		sort.Strings(reqs)
+		for _, req := range reqs {
+			switch state[req] {
+			case onPath:
+				start := slices.Index(path, req)
+				return append(append([]string(nil), path[start:]...), req)
+			case unseen:
+				if c := visit(req); c != nil {
+					return c
+				}
+			}
+		}
+		path = path[:len(path)-1]
+		state[name] = done
+		return nil
+	}
+	for _, name := range names {
+		if state[name] == unseen {
+			if c := visit(name); c != nil {
+				return c
+			}
+		}
+	}
+	return nil
 }

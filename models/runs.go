@@ -55,18 +55,37 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 			return fmt.Errorf("load transaction %s: %w", id, err)
 		}
 		if gi < 0 || gi >= len(txn.Graphs) {
-			return fmt.Errorf("transaction %s has no graph %d", id, gi)
+			return &PlanError{Reason: fmt.Sprintf("transaction %s has no graph %d", id, gi)}
 		}
 		req := txn.Graphs[gi]
-		if txn.Status == TxPending {
+		switch txn.Status {
+		case TxPending:
 			if err := tx.Model(&txn).Updates(map[string]any{"status": TxRunning, "started_at": now()}).Error; err != nil {
 				return fmt.Errorf("start transaction %s: %w", id, err)
+			}
+		case TxReady, TxError, TxStopped:
+			// The workflow was reset (`temporal workflow reset`) to run again.
+			if err := tx.Model(&txn).Updates(map[string]any{"status": TxRunning, "error": "", "finished_at": nil}).Error; err != nil {
+				return fmt.Errorf("restart transaction %s: %w", id, err)
 			}
 		}
 		out = &GraphPlan{GraphType: req.Type, DryRun: txn.DryRun}
 		var existing int64
 		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND graph_index = ?", id, gi).Count(&existing).Error; err != nil {
 			return fmt.Errorf("check plan of %s graph %d: %w", id, gi, err)
+		}
+		if existing > 0 && !txn.DryRun {
+			// Planning a graph that has runs means the workflow runs again
+			// (reset or retried): what did not succeed runs again, and this
+			// happens before any node workflow starts, so none of them sees
+			// a stale failure of another node.
+			err := tx.Model(&TaskRun{}).
+				Where("transaction_id = ? AND graph_index = ? AND state IN ?", id, gi, []string{RunFailed, RunBlocked, RunCancelled, RunRunning}).
+				Updates(map[string]any{"state": RunPending, "error": "", "exit_code": nil, "claimed_at": nil,
+					"started_at": nil, "finished_at": nil, "updated_at": now()}).Error
+			if err != nil {
+				return fmt.Errorf("reopen runs of %s graph %d: %w", id, gi, err)
+			}
 		}
 		if existing == 0 {
 			var dep Deployment
@@ -255,37 +274,33 @@ func (s *Store) RunStates(ctx context.Context, ids []int64) (map[int64]string, e
 	return out, nil
 }
 
-// DispatchRun hands a run to its node's agent: it becomes running with this
-// attempt and the activity's task token, and the agents' long polls wake.
-// It returns the run; a run that already succeeded is returned unchanged so
-// a retried activity does not run it twice.
-func (s *Store) DispatchRun(ctx context.Context, runID int64, attempt int, token []byte) (*TaskRun, error) {
-	var run TaskRun
-	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&run, runID).Error; err != nil {
-			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return notFound("run", runID)
-			}
-			return fmt.Errorf("load run %d: %w", runID, err)
-		}
-		if run.State == RunSucceeded {
-			return nil
-		}
-		t := now()
-		err := tx.Model(&run).Updates(map[string]any{
-			"state": RunRunning, "attempt": attempt, "task_token": token, "claimed_at": nil,
-			"started_at": t, "finished_at": nil, "exit_code": nil, "error": "", "updated_at": t,
-		}).Error
-		if err != nil {
-			return fmt.Errorf("dispatch run %d: %w", runID, err)
-		}
-		if err := tx.Exec("SELECT pg_notify(?, ?)", WorkChannel, fmt.Sprint(run.NodeID)).Error; err != nil {
-			return fmt.Errorf("notify agent of run %d: %w", runID, err)
-		}
-		return nil
-	})
+// DispatchRun hands a run to its node's agent: it becomes running with a new
+// attempt number and the activity's task token, and the agents' long polls
+// wake (pg_notify, in the same statement). A run that already ended in a
+// state other than failed is returned unchanged and not dispatched, so a
+// retried activity never runs a succeeded run twice.
+func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*TaskRun, error) {
+	var runs []TaskRun
+	err := s.DB.WithContext(ctx).Raw(`
+UPDATE task_runs
+SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, started_at = now(),
+    finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
+WHERE id = ? AND state IN ?
+RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, node_id::text) IS NULL AS notified`,
+		RunRunning, token, runID, []string{RunPending, RunRunning, RunFailed}, WorkChannel).Scan(&runs).Error
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
+	}
+	if len(runs) == 1 {
+		return &runs[0], nil
+	}
+	var run TaskRun
+	err = s.DB.WithContext(ctx).Take(&run, runID).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("run", runID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load run %d: %w", runID, err)
 	}
 	return &run, nil
 }

@@ -109,7 +109,8 @@ func TestPlanGraph(t *testing.T) {
 	mine, err := f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: cmpName})
 	require.NoError(t, err)
 	assert.Len(t, mine, 2)
-	mine, err = f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: "1" + "0000", State: models.RunPending})
+	const ghostName = "ghost.anneal.test"
+	mine, err = f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: ghostName, State: models.RunPending})
 	require.NoError(t, err)
 	assert.Empty(t, mine)
 	_, err = f.store.Runs(f.ctx, uuid.New(), models.RunFilter{})
@@ -205,7 +206,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, empty, "pending runs are not handed out")
 
-	run, err := f.store.DispatchRun(f.ctx, setup.ID, 1, []byte("token-1"))
+	run, err := f.store.DispatchRun(f.ctx, setup.ID, []byte("token-1"))
 	require.NoError(t, err)
 	assert.Equal(t, setup.ID, run.ID)
 
@@ -227,7 +228,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	assert.Empty(t, other, "another node's run is not its work")
 
 	// A retried activity dispatches a new attempt: the agent gets it again.
-	_, err = f.store.DispatchRun(f.ctx, setup.ID, 2, []byte("token-2"))
+	_, err = f.store.DispatchRun(f.ctx, setup.ID, []byte("token-2"))
 	require.NoError(t, err)
 	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID)
 	require.NoError(t, err)
@@ -238,7 +239,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	// Once it succeeded, a further dispatch returns it untouched.
 	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 2})
 	require.NoError(t, err)
-	run, err = f.store.DispatchRun(f.ctx, setup.ID, 3, []byte("token-3"))
+	run, err = f.store.DispatchRun(f.ctx, setup.ID, []byte("token-3"))
 	require.NoError(t, err)
 	assert.Equal(t, models.RunSucceeded, run.State)
 	assert.Equal(t, 2, run.Attempt)
@@ -246,7 +247,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, claimed)
 
-	_, err = f.store.DispatchRun(f.ctx, setup.ID+1000, 1, nil)
+	_, err = f.store.DispatchRun(f.ctx, setup.ID+1000, nil)
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	mine, err := f.store.AgentRun(f.ctx, f.ctl.ID, setup.ID)
@@ -264,7 +265,7 @@ func TestRecordRunResult(t *testing.T) {
 	runs := f.runsByLabel(t, txn)
 	setup, db := runs["setup@"+ctlName], runs["db@"+ctlName]
 
-	_, err := f.store.DispatchRun(f.ctx, setup.ID, 1, nil)
+	_, err := f.store.DispatchRun(f.ctx, setup.ID, nil)
 	require.NoError(t, err)
 
 	ok := protocol.RunResult{Attempt: 1, StdoutTail: "done\x00", Outputs: map[string]string{"url": "http://x\x00"}}
@@ -298,14 +299,14 @@ func TestRecordRunResult(t *testing.T) {
 	assert.Equal(t, models.RunSucceeded, rec.Run.State)
 
 	// A failure by exit code and one by error message.
-	_, err = f.store.DispatchRun(f.ctx, db.ID, 1, nil)
+	_, err = f.store.DispatchRun(f.ctx, db.ID, nil)
 	require.NoError(t, err)
 	rec, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, db.ID, protocol.RunResult{Attempt: 1, ExitCode: 3})
 	require.NoError(t, err)
 	assert.True(t, rec.Changed)
 	assert.Equal(t, models.RunFailed, rec.Run.State)
 	nova := runs["nova@"+cmpName]
-	_, err = f.store.DispatchRun(f.ctx, nova.ID, 1, nil)
+	_, err = f.store.DispatchRun(f.ctx, nova.ID, nil)
 	require.NoError(t, err)
 	rec, err = f.store.RecordRunResult(f.ctx, f.cmp.ID, nova.ID, protocol.RunResult{Attempt: 1, Error: "timed out"})
 	require.NoError(t, err)
@@ -326,9 +327,9 @@ func TestFailRun(t *testing.T) {
 	setupCtl, db := runs["setup@"+ctlName], runs["db@"+ctlName]
 	setupCmp, nova := runs["setup@"+cmpName], runs["nova@"+cmpName]
 
-	_, err := f.store.DispatchRun(f.ctx, setupCtl.ID, 1, nil)
+	_, err := f.store.DispatchRun(f.ctx, setupCtl.ID, nil)
 	require.NoError(t, err)
-	_, err = f.store.DispatchRun(f.ctx, setupCmp.ID, 1, nil)
+	_, err = f.store.DispatchRun(f.ctx, setupCmp.ID, nil)
 	require.NoError(t, err)
 	_, err = f.store.RecordRunResult(f.ctx, f.cmp.ID, setupCmp.ID, protocol.RunResult{Attempt: 1})
 	require.NoError(t, err)
@@ -352,7 +353,7 @@ func TestFailRun(t *testing.T) {
 	// Only blocking, without a run of its own to fail.
 	txn2, _ := f.plan(t)
 	runs2 := f.runsByLabel(t, txn2)
-	_, err = f.store.DispatchRun(f.ctx, runs2["db@"+ctlName].ID, 1, nil)
+	_, err = f.store.DispatchRun(f.ctx, runs2["db@"+ctlName].ID, nil)
 	require.NoError(t, err)
 	require.NoError(t, f.store.FailRun(f.ctx, 0, "", []int64{runs2["db@"+ctlName].ID, runs2["nova@"+cmpName].ID}))
 	got = f.runsByLabel(t, txn2)
@@ -397,7 +398,7 @@ func TestFinishTransaction(t *testing.T) {
 		runs := f.runsByLabel(t, txn)
 		setup, db := runs["setup@"+ctlName], runs["db@"+ctlName]
 		require.NoError(t, f.store.SucceedNoOp(f.ctx, runs["setup@"+cmpName].ID))
-		_, err := f.store.DispatchRun(f.ctx, setup.ID, 1, nil)
+		_, err := f.store.DispatchRun(f.ctx, setup.ID, nil)
 		require.NoError(t, err)
 		_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 2})
 		require.NoError(t, err)
@@ -447,4 +448,40 @@ func TestFinishTransaction(t *testing.T) {
 		_, err := f.store.FinishTransaction(f.ctx, uuid.New(), false, "")
 		assert.ErrorIs(t, err, models.ErrNotFound)
 	})
+}
+
+func TestPlanGraphAgainReopensUnfinishedRuns(t *testing.T) {
+	f := newFixture(t)
+	txn, _ := f.plan(t)
+	runs := f.runsByLabel(t, txn)
+	setup, db := runs["setup@"+ctlName], runs["db@"+ctlName]
+	require.NoError(t, f.store.SucceedNoOp(f.ctx, runs["setup@"+cmpName].ID))
+	_, err := f.store.DispatchRun(f.ctx, setup.ID, nil)
+	require.NoError(t, err)
+	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 1})
+	require.NoError(t, err)
+	require.NoError(t, f.store.FailRun(f.ctx, 0, "", []int64{db.ID}))
+	st, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
+	require.NoError(t, err)
+	require.Equal(t, models.TxError, st.Status)
+
+	// The workflow is reset and plans again: the plan is kept, what did not
+	// succeed is pending again and the transaction runs again.
+	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 4, gp.Runs)
+	assert.EqualValues(t, 4, count(t, f.store, &models.TaskRun{}))
+	loaded, err := f.store.Transaction(f.ctx, txn.ID)
+	require.NoError(t, err)
+	assert.Equal(t, models.TxRunning, loaded.Status)
+	assert.Empty(t, loaded.Error)
+	assert.Nil(t, loaded.FinishedAt)
+	got := f.runsByLabel(t, txn)
+	assert.Equal(t, models.RunSucceeded, got["setup@"+cmpName].State)
+	for _, label := range []string{"setup@" + ctlName, "db@" + ctlName, "nova@" + cmpName} {
+		assert.Equal(t, models.RunPending, got[label].State, label)
+		assert.Empty(t, got[label].Error, label)
+		assert.Nil(t, got[label].ExitCode, label)
+		assert.Nil(t, got[label].FinishedAt, label)
+	}
 }

@@ -224,7 +224,7 @@ func TestUpdateNodeRoles(t *testing.T) {
 	// The system deployment has no release: no roles to assign.
 	roles := []string{"controller"}
 	_, err = store.UpdateNode(ctx, "n1.anneal.test", models.NodeUpdate{Roles: &roles})
-	requireInput(t, err, "roles")
+	requireInput(t, err, "roles[0]")
 	ghost := "ghost"
 	_, err = store.UpdateNode(ctx, "n1.anneal.test", models.NodeUpdate{Deployment: &ghost})
 	requireInput(t, err, "deployment")

@@ -239,6 +239,11 @@ func failedRuns(db *gorm.DB, id uuid.UUID, limit int) ([]string, error) {
 // failed or blocked run makes it error, with the failed runs named.
 func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped bool, failReason string) (*TransactionStatus, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Runs a stop or a failed plan left behind never ran.
+		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND state = ?", id, RunPending).
+			Updates(map[string]any{"state": RunCancelled, "error": "never started: the transaction ended first", "updated_at": now()}).Error; err != nil {
+			return fmt.Errorf("cancel leftover runs of %s: %w", id, err)
+		}
 		counts, err := runCounts(tx, id)
 		if err != nil {
 			return err
@@ -255,15 +260,10 @@ func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped boo
 				return err
 			}
 			status = TxError
-			msg = fmt.Sprintf("%d run(s) failed, %d blocked", counts[RunFailed], counts[RunBlocked])
+			msg = fmt.Sprintf("%d run(s) failed, %d blocked, %d cancelled", counts[RunFailed], counts[RunBlocked], counts[RunCancelled])
 			if len(failed) > 0 {
 				msg += ": " + strings.Join(failed, "; ")
 			}
-		}
-		// Runs a stop or a failed plan left behind never ran.
-		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND state = ?", id, RunPending).
-			Updates(map[string]any{"state": RunCancelled, "updated_at": now()}).Error; err != nil {
-			return fmt.Errorf("cancel leftover runs of %s: %w", id, err)
 		}
 		res := tx.Model(&Transaction{}).Where("id = ?", id).Updates(map[string]any{
 			"status": status, "error": msg, "finished_at": now(),

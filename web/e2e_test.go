@@ -4,8 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"go.temporal.io/api/common/v1"
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,6 +58,15 @@ graphs:
         tags: [flaky]
         requires: [fails]
         parameters: {cmd: "echo never", timeout: 30}
+  fixable:
+    tasks:
+      - id: needs-fix
+        tags: [controller]
+        parameters: {cmd: "test -f fixed || { echo not fixed >&2; exit 3; }", timeout: 30}
+      - id: after-fix
+        tags: [controller]
+        requires: [needs-fix]
+        parameters: {cmd: "echo after", timeout: 30}
   slow:
     tasks:
       - id: long
@@ -243,6 +259,8 @@ func TestExecuteBadInput(t *testing.T) {
 	setup(t, st, map[string][]string{"ctl": {"controller"}})
 	cyclic := `
 name: cyclic
+roles_metadata:
+  controller: {tags: []}
 graphs:
   deployment:
     tasks:
@@ -253,7 +271,7 @@ graphs:
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "loop", "release": "cyclic"}, nil)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
-	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("ctl"), map[string]any{"deployment": "loop"}, nil)
+	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("ctl"), map[string]any{"deployment": "loop", "roles": []string{"controller"}}, nil)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "d2", "release": "e2e"}, nil)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
@@ -298,4 +316,44 @@ graphs:
 	assert.Zero(t, count, "a refused request wrote a transaction")
 	require.NoError(t, st.Store.DB.Model(&models.TaskRun{}).Count(&count).Error)
 	assert.Zero(t, count, "a refused request wrote runs")
+}
+
+// TestRetryWithTemporalReset: resetting a failed transaction's workflow to
+// its first workflow task (what `temporal workflow reset --type
+// FirstWorkflowTask` does) runs again what did not succeed.
+func TestRetryWithTemporalReset(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	agents := setup(t, st, map[string][]string{"ctl": {"controller"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "fixable"}}})
+	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
+	require.Equal(t, models.TxError, tx.Status)
+	require.Equal(t, models.RunBlocked, runsByKey(t, st, ans.TaskUUID, "")["after-fix@"+nodeName("ctl")].State)
+
+	require.NoError(t, os.WriteFile(filepath.Join(agents["ctl"].WorkDir, "fixed"), nil, 0o644))
+	ctx := context.Background()
+	iter := st.Temporal.GetWorkflowHistory(ctx, ans.WorkflowID, "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	var firstTask int64
+	for iter.HasNext() && firstTask == 0 {
+		ev, err := iter.Next()
+		require.NoError(t, err)
+		if ev.GetEventType() == enums.EVENT_TYPE_WORKFLOW_TASK_COMPLETED {
+			firstTask = ev.GetEventId()
+		}
+	}
+	_, err := st.Temporal.ResetWorkflowExecution(ctx, &workflowservice.ResetWorkflowExecutionRequest{
+		Namespace:                 "default",
+		WorkflowExecution:         &common.WorkflowExecution{WorkflowId: ans.WorkflowID},
+		Reason:                    "retry after the fix",
+		WorkflowTaskFinishEventId: firstTask,
+		RequestId:                 uuid.NewString(),
+	})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var cur models.TransactionStatus
+		st.Do(t, http.MethodGet, "/api/v1/transactions/"+ans.TaskUUID, nil, &cur)
+		return cur.Status == models.TxReady
+	}, 30*time.Second, 100*time.Millisecond)
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	assert.Equal(t, models.RunSucceeded, runs["needs-fix@"+nodeName("ctl")].State)
+	assert.Equal(t, models.RunSucceeded, runs["after-fix@"+nodeName("ctl")].State)
 }

@@ -1,0 +1,279 @@
+package workflows_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/suite"
+	"go.temporal.io/sdk/testsuite"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+// txID is the transaction every test runs; node workflows are tx-T/<node>.
+const txID = "T"
+
+// planKey addresses a node's plan of one graph.
+type planKey struct {
+	graph int
+	node  int64
+}
+
+// signal is one SignalExternalWorkflow that reached the mock (its target was
+// not a workflow running in the test environment).
+type signal struct {
+	WorkflowID string
+	Name       string
+	States     map[int64]string
+}
+
+// fake stands in for the activities (and so for Postgres and the agents): it
+// answers from the plans the test gives it and records every call, in order.
+type fake struct {
+	env *testsuite.TestWorkflowEnvironment
+
+	// Inputs, set by the test before the workflow runs.
+	graphPlans map[int]*models.GraphPlan
+	planErr    error
+	nodePlans  map[planKey]*models.NodePlan
+	loadErr    map[int64]error // LoadNodePlan failure by node id
+	// runTask decides how RunTaskOnNode ends; nil means success.
+	runTask func(ctx context.Context, in activities.RunTaskInput) error
+	// checkStates answers CheckRunStates; call counts from 1.
+	checkStates func(call int, ids []int64) map[int64]string
+
+	mu       sync.Mutex
+	log      []string // every call, in the order the activities ran
+	planned  []int
+	loads    []activities.NodeRef
+	runs     []activities.RunTaskInput
+	runAt    map[int64]time.Duration // workflow time (since start) a run was dispatched
+	loadAt   time.Time
+	noops    []int64
+	failures []activities.RunFailure
+	cancels  []activities.RunsToCancel
+	checks   [][]int64
+	abandons []activities.NodeAbandon
+	finishes []activities.FinishInput
+	signals  []signal
+	inFlight int // RunTaskOnNode calls running at once
+	maxRuns  int
+}
+
+func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
+	f := &fake{
+		env:        env,
+		graphPlans: map[int]*models.GraphPlan{},
+		nodePlans:  map[planKey]*models.NodePlan{},
+		loadErr:    map[int64]error{},
+		runAt:      map[int64]time.Duration{},
+	}
+	a := &activities.Activities{}
+	env.OnActivity(a.PlanGraph, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, ref activities.GraphRef) (*models.GraphPlan, error) {
+			f.record(fmt.Sprintf("plan %d", ref.GraphIndex), func() { f.planned = append(f.planned, ref.GraphIndex) })
+			if ref.TransactionID != txID {
+				return nil, fmt.Errorf("PlanGraph: unexpected transaction %q", ref.TransactionID)
+			}
+			if f.planErr != nil {
+				return nil, f.planErr
+			}
+			gp, ok := f.graphPlans[ref.GraphIndex]
+			if !ok {
+				return nil, fmt.Errorf("PlanGraph: no plan for graph %d", ref.GraphIndex)
+			}
+			return gp, nil
+		})
+	env.OnActivity(a.LoadNodePlan, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, ref activities.NodeRef) (*models.NodePlan, error) {
+			f.record(fmt.Sprintf("load %d/%d", ref.GraphIndex, ref.NodeID), func() {
+				f.loads = append(f.loads, ref)
+				if f.loadAt.IsZero() {
+					f.loadAt = env.Now()
+				}
+			})
+			if err := f.loadErr[ref.NodeID]; err != nil {
+				return nil, err
+			}
+			np, ok := f.nodePlans[planKey{ref.GraphIndex, ref.NodeID}]
+			if !ok {
+				return nil, fmt.Errorf("LoadNodePlan: no plan for node %d of graph %d", ref.NodeID, ref.GraphIndex)
+			}
+			return np, nil
+		})
+	env.OnActivity(a.RunTaskOnNode, mock.Anything, mock.Anything).Return(
+		func(ctx context.Context, in activities.RunTaskInput) (*activities.RunOutcome, error) {
+			f.record(fmt.Sprintf("run %d", in.RunID), func() {
+				f.runs = append(f.runs, in)
+				f.runAt[in.RunID] = env.Now().Sub(f.loadAt)
+				f.inFlight++
+				f.maxRuns = max(f.maxRuns, f.inFlight)
+			})
+			defer func() {
+				f.mu.Lock()
+				f.inFlight--
+				f.mu.Unlock()
+			}()
+			// Give an overlapping second run the chance to show up.
+			time.Sleep(2 * time.Millisecond)
+			if f.runTask != nil {
+				if err := f.runTask(ctx, in); err != nil {
+					return nil, err
+				}
+			}
+			return &activities.RunOutcome{}, nil
+		})
+	env.OnActivity(a.RecordNoOp, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, id int64) error {
+			f.record(fmt.Sprintf("noop %d", id), func() { f.noops = append(f.noops, id) })
+			return nil
+		})
+	env.OnActivity(a.RecordRunFailure, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, rf activities.RunFailure) error {
+			f.record(fmt.Sprintf("fail %d blocked %v", rf.RunID, rf.Blocked), func() { f.failures = append(f.failures, rf) })
+			return nil
+		})
+	env.OnActivity(a.CancelRuns, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, rc activities.RunsToCancel) error {
+			f.record(fmt.Sprintf("cancel %v", rc.RunIDs), func() { f.cancels = append(f.cancels, rc) })
+			return nil
+		})
+	env.OnActivity(a.CheckRunStates, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, ids []int64) (map[int64]string, error) {
+			var call int
+			f.record(fmt.Sprintf("check %v", ids), func() {
+				f.checks = append(f.checks, ids)
+				call = len(f.checks)
+			})
+			if f.checkStates == nil {
+				return map[int64]string{}, nil
+			}
+			return f.checkStates(call, ids), nil
+		})
+	env.OnActivity(a.AbandonNodeRuns, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.NodeAbandon) error {
+			f.record(fmt.Sprintf("abandon %d", in.NodeID), func() { f.abandons = append(f.abandons, in) })
+			return nil
+		})
+	env.OnActivity(a.FinishTransaction, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in activities.FinishInput) (*activities.TransactionOutcome, error) {
+			f.record("finish", func() { f.finishes = append(f.finishes, in) })
+			out := &activities.TransactionOutcome{Status: "succeeded", Counts: map[string]int{}}
+			switch {
+			case in.Stopped:
+				out.Status, out.Error = "stopped", "stopped by the operator"
+			case in.FailReason != "":
+				out.Status, out.Error = "failed", in.FailReason
+			}
+			return out, nil
+		})
+	// Signals to node workflows that run in this environment are delivered
+	// by it; the others (a node that is not running) land here.
+	env.OnSignalExternalWorkflow(mock.Anything, mock.Anything, mock.Anything, mock.Anything, mock.Anything).Return(
+		func(_, workflowID, _, name string, arg any) error {
+			var states map[int64]string
+			if rf, ok := arg.(workflows.RunsFinished); ok {
+				states = rf.States
+			}
+			f.record("signal "+workflowID, func() {
+				f.signals = append(f.signals, signal{WorkflowID: workflowID, Name: name, States: states})
+			})
+			return nil
+		})
+	return f
+}
+
+func (f *fake) record(event string, also func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log = append(f.log, event)
+	also()
+}
+
+// snapshot returns a copy of the call log.
+func (f *fake) calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.log)
+}
+
+func (f *fake) runIDs() []int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []int64
+	for _, r := range f.runs {
+		ids = append(ids, r.RunID)
+	}
+	return ids
+}
+
+func (f *fake) cancelled() []int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []int64
+	for _, c := range f.cancels {
+		ids = append(ids, c.RunIDs...)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (f *fake) blocked() []int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []int64
+	for _, rf := range f.failures {
+		ids = append(ids, rf.Blocked...)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// index returns where event sits in the call log, or -1.
+func (f *fake) index(event string) int { return slices.Index(f.calls(), event) }
+
+// suiteBase gives every test a fresh environment with the workflows and
+// the activities registered and the activities faked.
+type suiteBase struct {
+	suite.Suite
+	testsuite.WorkflowTestSuite
+}
+
+func (s *suiteBase) newEnv() (*testsuite.TestWorkflowEnvironment, *fake) {
+	env := s.NewTestWorkflowEnvironment()
+	env.SetTestTimeout(5 * time.Second)
+	workflows.Register(env)
+	env.RegisterActivity(&activities.Activities{})
+	return env, newFake(env)
+}
+
+func nodeInput(name string, id int64) workflows.NodeInput {
+	return workflows.NodeInput{
+		GraphRef:  activities.GraphRef{TransactionID: txID, GraphIndex: 0},
+		GraphType: "deployment", NodeID: id, NodeName: name,
+	}
+}
+
+func pending(r models.NodeRun) models.NodeRun {
+	if r.State == "" {
+		r.State = models.RunPending
+	}
+	if r.Task == "" {
+		r.Task = fmt.Sprintf("task%d", r.ID)
+	}
+	return r
+}
+
+func nodePlan(remote map[int64]string, runs ...models.NodeRun) *models.NodePlan {
+	np := &models.NodePlan{RemoteStates: remote}
+	for _, r := range runs {
+		np.Runs = append(np.Runs, pending(r))
+	}
+	return np
+}

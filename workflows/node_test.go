@@ -1,0 +1,329 @@
+package workflows_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/suite"
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+type NodeSuite struct{ suiteBase }
+
+func TestNodeRun(t *testing.T) { suite.Run(t, new(NodeSuite)) }
+
+func (s *NodeSuite) result(env interface {
+	GetWorkflowResult(any) error
+}) workflows.NodeResult {
+	var res workflows.NodeResult
+	s.Require().NoError(env.GetWorkflowResult(&res))
+	return res
+}
+
+// Runs go one at a time, in plan order, each only once its local parents
+// have succeeded; no-op runs are recorded without reaching the agent, and
+// runs already finished in Postgres are not run again.
+func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		models.NodeRun{ID: 6, State: models.RunSkipped},
+		models.NodeRun{ID: 1, Task: "hostname", TimeoutSec: 30},
+		models.NodeRun{ID: 2, Parents: []int64{1}, NoOp: true},
+		models.NodeRun{ID: 3, Parents: []int64{2}},
+		models.NodeRun{ID: 4, Parents: []int64{1, 3}},
+		models.NodeRun{ID: 5, Parents: []int64{6}},
+		models.NodeRun{ID: 7, State: models.RunSucceeded},
+	)
+	var hb, stc time.Duration
+	f.runTask = func(ctx context.Context, in activities.RunTaskInput) error {
+		if in.RunID == 1 {
+			info := activity.GetInfo(ctx)
+			hb, stc = info.HeartbeatTimeout, info.StartToCloseTimeout
+		}
+		return nil
+	}
+	in := nodeInput("node-a", 1)
+	in.HeartbeatTimeoutSec = 5
+	env.ExecuteWorkflow(workflows.NodeWorkflow, in)
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]string{"load 0/1", "run 1", "noop 2", "run 3", "run 4", "run 5"}, f.calls())
+	s.Equal([]activities.RunTaskInput{
+		{RunID: 1, Task: "hostname", Node: "node-a"},
+		{RunID: 3, Task: "task3", Node: "node-a"},
+		{RunID: 4, Task: "task4", Node: "node-a"},
+		{RunID: 5, Task: "task5", Node: "node-a"},
+	}, f.runs)
+	s.Equal(1, f.maxRuns, "runs of one node must not overlap")
+	s.Equal(5*time.Second, hb, "heartbeat timeout comes from the input")
+	s.Equal(30*time.Second+2*5*time.Second, stc, "start-to-close is the task timeout plus two heartbeats")
+	s.Equal(workflows.NodeResult{Succeeded: 7}, s.result(env))
+}
+
+// A task that failed on the node (TaskFailed: the agent's report already
+// recorded it) is not recorded again; its descendants are blocked in one
+// write and unrelated runs still run.
+func (s *NodeSuite) TestTaskFailedBlocksDescendantsOnly() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		models.NodeRun{ID: 1},
+		models.NodeRun{ID: 2, Parents: []int64{1}},
+		models.NodeRun{ID: 3},
+		models.NodeRun{ID: 4, Parents: []int64{2}},
+		models.NodeRun{ID: 5, Parents: []int64{3}},
+	)
+	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+		if in.RunID == 1 {
+			return temporal.NewApplicationError("task task1 failed on node-a with exit code 2", activities.ErrTypeTaskFailed)
+		}
+		return nil
+	}
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int64{1, 3, 5}, f.runIDs())
+	s.Equal([]activities.RunFailure{{Blocked: []int64{2, 4}}}, f.failures,
+		"only the descendants are written; the failed run itself was recorded by the agent's report")
+	s.Less(f.index("fail 0 blocked [2 4]"), f.index("run 3"), "descendants are blocked as soon as the failure is known")
+	s.Equal(workflows.NodeResult{Succeeded: 2, Failed: 1, Blocked: 2}, s.result(env))
+}
+
+// Task retries re-run a task that failed on the node.
+func (s *NodeSuite) TestTaskRetries() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil, models.NodeRun{ID: 1, Retries: 2}, models.NodeRun{ID: 2, Parents: []int64{1}})
+	attempts := 0
+	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+		if in.RunID == 1 {
+			attempts++
+			if attempts < 3 {
+				return temporal.NewApplicationError("exit 1", activities.ErrTypeTaskFailed)
+			}
+		}
+		return nil
+	}
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int64{1, 1, 1, 2}, f.runIDs())
+	s.Empty(f.failures)
+	s.Equal(workflows.NodeResult{Succeeded: 2}, s.result(env))
+}
+
+// A run whose agent never reported (a heartbeat timeout, any error other
+// than TaskFailed) still says running in Postgres: the workflow records the
+// failure itself, then blocks the descendants.
+func (s *NodeSuite) TestLostAgentRecordsFailure() {
+	cases := map[string]error{
+		"heartbeat timeout": temporal.NewTimeoutError(enums.TIMEOUT_TYPE_HEARTBEAT, nil),
+		"other error":       temporal.NewApplicationError("agent connection reset", "AgentGone"),
+		"plain error":       errors.New("agent connection reset"),
+	}
+	for name, runErr := range cases {
+		s.Run(name, func() {
+			env, f := s.newEnv()
+			f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+				models.NodeRun{ID: 1},
+				models.NodeRun{ID: 2, Parents: []int64{1}},
+				models.NodeRun{ID: 3},
+			)
+			f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+				if in.RunID == 1 {
+					return runErr
+				}
+				return nil
+			}
+			env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+
+			s.Require().True(env.IsWorkflowCompleted())
+			s.Require().NoError(env.GetWorkflowError())
+			s.Equal([]int64{1, 3}, f.runIDs(), "no retry (Retries is 0), and the unrelated run still runs")
+			s.Require().Len(f.failures, 2)
+			s.Equal(int64(1), f.failures[0].RunID)
+			s.Contains(f.failures[0].Reason, "no result from the node's agent")
+			if name == "heartbeat timeout" {
+				s.Contains(f.failures[0].Reason, "Heartbeat")
+			} else {
+				s.Contains(f.failures[0].Reason, "agent connection reset")
+			}
+			s.Empty(f.failures[0].Blocked)
+			s.Equal(activities.RunFailure{Blocked: []int64{2}}, f.failures[1])
+			s.Equal(workflows.NodeResult{Succeeded: 1, Failed: 1, Blocked: 1}, s.result(env))
+		})
+	}
+}
+
+// A run with a remote parent is not dispatched until a RunsFinished signal
+// says that parent succeeded; the node's other runs do not wait for it.
+func (s *NodeSuite) TestRemoteParentSignalSuccess() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunPending},
+		models.NodeRun{ID: 10, Remote: []int64{5}},
+		models.NodeRun{ID: 11},
+		models.NodeRun{ID: 12, Parents: []int64{10}},
+	)
+	env.RegisterDelayedCallback(func() {
+		// A state for a run this node does not wait for changes nothing.
+		env.SignalWorkflow(workflows.SignalRunsFinished, workflows.RunsFinished{States: map[int64]string{99: models.RunFailed}})
+	}, 2*time.Second)
+	env.RegisterDelayedCallback(func() {
+		s.Equal([]int64{11}, f.runIDs(), "run 10 must wait for its remote parent")
+		env.SignalWorkflow(workflows.SignalRunsFinished, workflows.RunsFinished{States: map[int64]string{5: models.RunSucceeded}})
+	}, 5*time.Second)
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int64{11, 10, 12}, f.runIDs())
+	s.Equal(5*time.Second, f.runAt[10], "dispatched when the signal came")
+	s.Empty(f.checks, "the signal came before the fallback timer")
+	s.Empty(f.failures)
+	s.Equal(workflows.NodeResult{Succeeded: 3}, s.result(env))
+}
+
+// A signal that the remote parent failed blocks the waiting run and its
+// descendants, and the nodes waiting for those hear that they are blocked.
+func (s *NodeSuite) TestRemoteParentSignalFailure() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunRunning},
+		models.NodeRun{ID: 10, Remote: []int64{5}},
+		models.NodeRun{ID: 11},
+		models.NodeRun{ID: 12, Parents: []int64{10}, RemoteKids: []models.Peer{{RunID: 30, Node: "node-c"}}},
+	)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(workflows.SignalRunsFinished, workflows.RunsFinished{States: map[int64]string{5: models.RunFailed}})
+	}, 5*time.Second)
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int64{11}, f.runIDs())
+	s.Equal([]activities.RunFailure{{Blocked: []int64{10, 12}}}, f.failures)
+	s.Equal([]signal{{WorkflowID: "tx-T/node-c", Name: workflows.SignalRunsFinished,
+		States: map[int64]string{12: models.RunBlocked}}}, f.signals)
+	s.Equal(workflows.NodeResult{Succeeded: 1, Blocked: 2}, s.result(env))
+}
+
+// Without a signal, the fallback timer reads the remote states from
+// Postgres (CheckRunStates), backing off, and the run proceeds once they
+// report success.
+func (s *NodeSuite) TestRemoteParentTimerFallback() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunPending, 6: models.RunSucceeded},
+		models.NodeRun{ID: 10, Remote: []int64{5, 6}},
+	)
+	f.checkStates = func(call int, ids []int64) map[int64]string {
+		if call < 2 {
+			return map[int64]string{5: models.RunRunning}
+		}
+		return map[int64]string{5: models.RunSucceeded}
+	}
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([][]int64{{5}, {5}}, f.checks, "only the remote parent not yet known to have succeeded is read")
+	s.Equal([]int64{10}, f.runIDs())
+	s.Equal(90*time.Second, f.runAt[10], "polls after 30s, then 60s later")
+	s.Equal(workflows.NodeResult{Succeeded: 1}, s.result(env))
+}
+
+// A remote parent that already succeeded when the node plan was loaded
+// does not make the run wait.
+func (s *NodeSuite) TestRemoteParentAlreadySucceeded() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunSucceeded, 6: models.RunSkipped},
+		models.NodeRun{ID: 10, Remote: []int64{5, 6}},
+	)
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int64{10}, f.runIDs())
+	s.Equal(time.Duration(0), f.runAt[10])
+	s.Empty(f.checks)
+	s.Equal(workflows.NodeResult{Succeeded: 1}, s.result(env))
+}
+
+// A remote parent that had already failed blocks at once.
+func (s *NodeSuite) TestRemoteParentAlreadyFailed() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunCancelled},
+		models.NodeRun{ID: 10, Remote: []int64{5}},
+	)
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Empty(f.runs)
+	s.Equal([]activities.RunFailure{{Blocked: []int64{10}}}, f.failures)
+	s.Equal(workflows.NodeResult{Blocked: 1}, s.result(env))
+}
+
+// A finished run wakes the nodes waiting for it: one signal per node, with
+// the states of all its runs they wait for.
+func (s *NodeSuite) TestWakesRemoteKids() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		models.NodeRun{ID: 1, RemoteKids: []models.Peer{{RunID: 20, Node: "node-c"}, {RunID: 21, Node: "node-b"}, {RunID: 22, Node: "node-c"}}},
+		models.NodeRun{ID: 2, NoOp: true, RemoteKids: []models.Peer{{RunID: 23, Node: "node-b"}}},
+	)
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]signal{
+		{WorkflowID: "tx-T/node-b", Name: workflows.SignalRunsFinished, States: map[int64]string{1: models.RunSucceeded}},
+		{WorkflowID: "tx-T/node-c", Name: workflows.SignalRunsFinished, States: map[int64]string{1: models.RunSucceeded}},
+		{WorkflowID: "tx-T/node-b", Name: workflows.SignalRunsFinished, States: map[int64]string{2: models.RunSucceeded}},
+	}, f.signals)
+	s.Less(f.index("signal tx-T/node-c"), f.index("noop 2"), "the wake-up goes out when the run ends, not at the end")
+}
+
+// Cancelling a node workflow while it waits for another node cancels its
+// pending runs and runs nothing.
+func (s *NodeSuite) TestCancelWhileWaiting() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunPending},
+		models.NodeRun{ID: 9},
+		models.NodeRun{ID: 10, Remote: []int64{5}},
+		models.NodeRun{ID: 11, Parents: []int64{10}},
+	)
+	env.RegisterDelayedCallback(env.CancelWorkflow, 10*time.Second)
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	err := env.GetWorkflowError()
+	s.Require().Error(err)
+	s.True(temporal.IsCanceledError(err), "got %v", err)
+	s.Equal([]int64{9}, f.runIDs())
+	s.Empty(f.failures)
+	s.Require().Len(f.cancels, 1)
+	s.Equal([]int64{10, 11}, f.cancels[0].RunIDs)
+	s.Contains(f.cancels[0].Reason, "cancelled")
+}
+
+// A node plan that cannot be loaded fails the node workflow (the transaction
+// then abandons the node).
+func (s *NodeSuite) TestLoadPlanFails() {
+	env, f := s.newEnv()
+	f.loadErr[1] = temporal.NewNonRetryableApplicationError("bad transaction id", "BadInput", nil)
+	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	err := env.GetWorkflowError()
+	s.Require().Error(err)
+	s.Contains(err.Error(), "load plan of node node-a")
+	s.Equal([]string{"load 0/1"}, f.calls(), "BadInput is not retried")
+}

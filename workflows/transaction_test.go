@@ -1,0 +1,299 @@
+package workflows_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/suite"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+type TransactionSuite struct{ suiteBase }
+
+func TestTransaction(t *testing.T) { suite.Run(t, new(TransactionSuite)) }
+
+func txInput(graphs int) workflows.TransactionInput {
+	return workflows.TransactionInput{TransactionID: txID, Graphs: graphs}
+}
+
+func graphPlan(nodes ...models.PlannedNode) *models.GraphPlan {
+	gp := &models.GraphPlan{GraphType: "deployment", Nodes: nodes}
+	for _, n := range nodes {
+		gp.Runs += n.Runs
+	}
+	return gp
+}
+
+func (s *TransactionSuite) outcome(env interface {
+	GetWorkflowResult(any) error
+}) activities.TransactionOutcome {
+	var out activities.TransactionOutcome
+	s.Require().NoError(env.GetWorkflowResult(&out))
+	return out
+}
+
+// A graph that cannot be planned ends the transaction with the planner's
+// message; it is not retried and no node workflow starts.
+func (s *TransactionSuite) TestPlanError() {
+	for name, planErr := range map[string]error{
+		"non-retryable": temporal.NewNonRetryableApplicationError("cycle: a -> b -> a", activities.ErrTypePlan, nil),
+		// The retry policy itself must not retry a PlanError either.
+		"retryable type PlanError": temporal.NewApplicationError("cycle: a -> b -> a", activities.ErrTypePlan),
+	} {
+		s.Run(name, func() {
+			env, f := s.newEnv()
+			f.planErr = planErr
+			env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+
+			s.Require().True(env.IsWorkflowCompleted())
+			s.Require().NoError(env.GetWorkflowError())
+			s.Equal([]string{"plan 0", "finish"}, f.calls())
+			s.Require().Len(f.finishes, 1)
+			s.Equal(txID, f.finishes[0].TransactionID)
+			s.False(f.finishes[0].Stopped)
+			s.Contains(f.finishes[0].FailReason, "graph 0 could not be planned")
+			s.Contains(f.finishes[0].FailReason, "cycle: a -> b -> a")
+			s.Equal("failed", s.outcome(env).Status)
+		})
+	}
+}
+
+// A dry run plans (and records) but starts no node workflow; later graphs
+// are still planned.
+func (s *TransactionSuite) TestDryRun() {
+	env, f := s.newEnv()
+	for gi := range 2 {
+		gp := graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 2})
+		gp.DryRun = true
+		f.graphPlans[gi] = gp
+	}
+	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]string{"plan 0", "plan 1", "finish"}, f.calls())
+	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+	s.Equal("succeeded", s.outcome(env).Status)
+}
+
+// Graphs run one after another: graph 1 is planned only once every node of
+// graph 0 is done. Within a graph, node workflows run side by side and wake
+// each other: node-b's run waits for node-a's and starts on node-a's signal,
+// not on the fallback timer.
+func (s *TransactionSuite) TestGraphsInOrderWithCrossNodeWakeUp() {
+	env, f := s.newEnv()
+	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
+	f.graphPlans[1] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		models.NodeRun{ID: 101, RemoteKids: []models.Peer{{RunID: 201, Node: "node-b"}}})
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{101: models.RunPending},
+		models.NodeRun{ID: 201, Remote: []int64{101}},
+		models.NodeRun{ID: 202, Parents: []int64{201}})
+	f.nodePlans[planKey{1, 1}] = nodePlan(nil, models.NodeRun{ID: 111})
+	f.checkStates = func(int, []int64) map[int64]string {
+		return map[int64]string{101: models.RunPending} // only the signal can release node-b
+	}
+	f.runTask = func(context.Context, activities.RunTaskInput) error {
+		time.Sleep(5 * time.Millisecond) // node-b is waiting by now
+		return nil
+	}
+	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int64{101, 201, 202, 111}, f.runIDs())
+	s.Less(f.runAt[201], 30*time.Second, "node-b was woken by node-a's signal, not by the fallback")
+	calls := f.calls()
+	plan1 := slices.Index(calls, "plan 1")
+	s.Greater(plan1, slices.Index(calls, "run 202"), "graph 1 is planned after graph 0 finished: %v", calls)
+	s.Equal("finish", calls[len(calls)-1])
+	s.ElementsMatch([]activities.NodeRef{
+		{GraphRef: activities.GraphRef{TransactionID: txID, GraphIndex: 0}, NodeID: 1},
+		{GraphRef: activities.GraphRef{TransactionID: txID, GraphIndex: 0}, NodeID: 2},
+		{GraphRef: activities.GraphRef{TransactionID: txID, GraphIndex: 1}, NodeID: 1},
+	}, f.loads)
+	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+	s.Equal("succeeded", s.outcome(env).Status)
+}
+
+// A graph with failures stops the transaction: the failure reaches the
+// other node (its dependent run is blocked), and the next graph is never
+// planned. The transaction's status comes from the runs, so no FailReason.
+func (s *TransactionSuite) TestFailedGraphStopsLaterGraphs() {
+	env, f := s.newEnv()
+	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
+	f.graphPlans[1] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		models.NodeRun{ID: 101, RemoteKids: []models.Peer{{RunID: 201, Node: "node-b"}}})
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{101: models.RunPending},
+		models.NodeRun{ID: 201, Remote: []int64{101}},
+		models.NodeRun{ID: 202})
+	f.nodePlans[planKey{1, 1}] = nodePlan(nil, models.NodeRun{ID: 111})
+	f.checkStates = func(int, []int64) map[int64]string {
+		return map[int64]string{101: models.RunPending}
+	}
+	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+		if in.RunID == 101 {
+			return temporal.NewApplicationError("exit 1", activities.ErrTypeTaskFailed)
+		}
+		return nil
+	}
+	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int{0}, f.planned, "graph 1 must not be planned")
+	s.ElementsMatch([]int64{101, 202}, f.runIDs())
+	s.Equal([]activities.RunFailure{{Blocked: []int64{201}}}, f.failures)
+	s.Empty(f.checks, "node-b learnt of the failure from node-a's signal")
+	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+}
+
+// A node workflow that dies (here: its plan cannot be loaded) has its runs
+// abandoned so nothing waits for them, and the transaction fails naming it.
+func (s *TransactionSuite) TestLostNodeWorkflow() {
+	env, f := s.newEnv()
+	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 1})
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil, models.NodeRun{ID: 101})
+	f.loadErr[2] = temporal.NewNonRetryableApplicationError("no such node", "BadInput", nil)
+	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([]int{0}, f.planned)
+	s.Equal([]int64{101}, f.runIDs())
+	s.Require().Len(f.abandons, 1)
+	s.Equal(activities.NodeRef{GraphRef: activities.GraphRef{TransactionID: txID}, NodeID: 2}, f.abandons[0].NodeRef)
+	s.Contains(f.abandons[0].Reason, "node workflow ended abnormally")
+	s.Contains(f.abandons[0].Reason, "no such node")
+	s.Require().Len(f.finishes, 1)
+	s.Contains(f.finishes[0].FailReason, "node-b")
+	s.Contains(f.finishes[0].FailReason, "ended abnormally")
+	s.NotContains(f.finishes[0].FailReason, "node-a")
+}
+
+// At most MaxNodesInFlight node workflows run at once; each gets its
+// readable ID and its input. The node workflow is mocked here.
+func (s *TransactionSuite) TestMaxNodesInFlight() {
+	env, f := s.newEnv()
+	var nodes []models.PlannedNode
+	for i := range 5 {
+		nodes = append(nodes, models.PlannedNode{ID: int64(i + 1), Name: fmt.Sprintf("node-%d", i+1), Runs: 1})
+	}
+	f.graphPlans[0] = graphPlan(nodes...)
+	var (
+		mu               sync.Mutex
+		running, maxRuns int
+		ids              []string
+		inputs           []workflows.NodeInput
+	)
+	env.OnWorkflow(workflows.NodeWorkflow, mock.Anything, mock.Anything).Return(
+		func(ctx workflow.Context, in workflows.NodeInput) (*workflows.NodeResult, error) {
+			mu.Lock()
+			running++
+			maxRuns = max(maxRuns, running)
+			ids = append(ids, workflow.GetInfo(ctx).WorkflowExecution.ID)
+			inputs = append(inputs, in)
+			mu.Unlock()
+			if err := workflow.Sleep(ctx, time.Minute); err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			running--
+			mu.Unlock()
+			return &workflows.NodeResult{Succeeded: 1}, nil
+		})
+	in := txInput(1)
+	in.MaxNodesInFlight = 2
+	in.HeartbeatTimeoutSec = 7
+	env.ExecuteWorkflow(workflows.TransactionWorkflow, in)
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal(2, maxRuns)
+	s.ElementsMatch([]string{"tx-T/node-1", "tx-T/node-2", "tx-T/node-3", "tx-T/node-4", "tx-T/node-5"}, ids)
+	s.Require().Len(inputs, 5)
+	s.Contains(inputs, workflows.NodeInput{
+		GraphRef:  activities.GraphRef{TransactionID: txID, GraphIndex: 0},
+		GraphType: "deployment", NodeID: 3, NodeName: "node-3", HeartbeatTimeoutSec: 7,
+	})
+	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+}
+
+// cancelDuringRun sets up a transaction whose node-a is running run 1 when
+// the transaction is cancelled; run 2 depends on run 1, run 3 does not.
+func (s *TransactionSuite) cancelDuringRun() *fake {
+	env, f := s.newEnv()
+	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 3})
+	f.graphPlans[1] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		models.NodeRun{ID: 1},
+		models.NodeRun{ID: 2, Parents: []int64{1}},
+		models.NodeRun{ID: 3},
+	)
+	cancelled := make(chan struct{})
+	var once sync.Once
+	env.SetOnActivityCanceledListener(func(info *activity.Info) {
+		if info.ActivityType.Name == "RunTaskOnNode" {
+			once.Do(func() { close(cancelled) })
+		}
+	})
+	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+		if in.RunID == 1 {
+			env.CancelWorkflow()
+			select {
+			case <-cancelled:
+			case <-time.After(3 * time.Second):
+			}
+		}
+		return nil
+	}
+	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	err := env.GetWorkflowError()
+	s.Require().Error(err)
+	s.True(temporal.IsCanceledError(err), "got %v", err)
+	return f
+}
+
+// Cancelling the transaction while a run is in flight dispatches nothing
+// more, cancels the runs that never started, plans no further graph, and
+// records the end with Stopped.
+func (s *TransactionSuite) TestCancelWhileRunInFlight() {
+	f := s.cancelDuringRun()
+	s.Equal([]int64{1}, f.runIDs())
+	s.Equal([]int{0}, f.planned)
+	s.Contains(f.cancelled(), int64(3))
+	s.True(slices.Contains(f.cancelled(), 2) || slices.Contains(f.blocked(), 2),
+		"run 2 must end cancelled or blocked, not stay pending: cancelled %v, blocked %v", f.cancelled(), f.blocked())
+	s.Equal([]activities.FinishInput{{TransactionID: txID, Stopped: true}}, f.finishes)
+	calls := f.calls()
+	s.Equal("finish", calls[len(calls)-1])
+}
+
+// Known bug (see the report): when RunTaskOnNode ends as cancelled (the
+// transaction stopped before an agent took the run; the test environment
+// cancels an in-flight activity at once), node.go records the run as FAILED
+// ("no result from the node's agent: canceled") and BLOCKS its descendants,
+// instead of counting them as cancelled.
+func (s *TransactionSuite) TestCancelledRunIsNotRecordedAsFailed() {
+	s.T().Skip("known bug: node.go execute() treats a CanceledError from RunTaskOnNode as a lost agent")
+	f := s.cancelDuringRun()
+	for _, rf := range f.failures {
+		s.Zero(rf.RunID, "a cancelled run must not be recorded as failed: %+v", rf)
+		s.Empty(rf.Blocked, "a stop must not block runs: %+v", rf)
+	}
+	s.Equal([]int64{1, 2, 3}, f.cancelled())
+}
