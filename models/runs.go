@@ -342,62 +342,54 @@ type RecordedResult struct {
 	Changed bool
 }
 
-// RecordRunResult stores an agent's report of a run of its own node.
+// RecordRunResult stores an agent's report of a run of its own node. The
+// common case is one UPDATE; only a refused or repeated report reads the row
+// to say why.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
-	out := &RecordedResult{}
-	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var run TaskRun
-		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&run, runID).Error; err != nil {
-			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return notFound("run", runID)
-			}
-			return fmt.Errorf("load run %d: %w", runID, err)
-		}
-		if run.NodeID != nodeID {
-			return fmt.Errorf("run %d belongs to another node: %w", runID, ErrForbidden)
-		}
-		out.Run = &run
-		if res.Attempt != run.Attempt {
-			return &ConflictError{Reason: fmt.Sprintf("run %d is at attempt %d, not %d", runID, run.Attempt, res.Attempt)}
-		}
-		if run.State != RunRunning {
-			if RunFinal(run.State) {
-				return nil // a repeated report: nothing changes
-			}
-			return &ConflictError{Reason: fmt.Sprintf("run %d is %s, not running", runID, run.State)}
-		}
-		state := RunSucceeded
-		if !res.Succeeded() {
-			state = RunFailed
-		}
-		exit := res.ExitCode
-		outputs := res.Outputs
-		if outputs == nil {
-			outputs = map[string]string{}
-		}
-		finished := res.FinishedAt
-		if finished.IsZero() {
-			finished = now()
-		}
-		run.State, run.ExitCode, run.Outputs, run.Error = state, &exit, outputs, res.Error
-		// Postgres text cannot hold NUL bytes, which command output may.
-		for k, v := range outputs {
-			outputs[k] = stripNUL(v)
-		}
-		run.StdoutTail, run.StderrTail, run.FinishedAt = stripNUL(res.StdoutTail), stripNUL(res.StderrTail), &finished
-		run.Error = stripNUL(run.Error)
-		run.UpdatedAt = now()
-		if err := tx.Select("state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at").
-			Save(&run).Error; err != nil {
-			return fmt.Errorf("record result of run %d: %w", runID, err)
-		}
-		out.Changed = true
-		return nil
-	})
-	if err != nil {
-		return nil, err
+	state := RunSucceeded
+	if !res.Succeeded() {
+		state = RunFailed
 	}
-	return out, nil
+	finished := res.FinishedAt
+	if finished.IsZero() {
+		finished = now()
+	}
+	// Postgres text cannot hold NUL bytes, which command output may.
+	outputs := make(map[string]string, len(res.Outputs))
+	for k, v := range res.Outputs {
+		outputs[stripNUL(k)] = stripNUL(v)
+	}
+	run := TaskRun{
+		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: stripNUL(res.Error),
+		StdoutTail: stripNUL(res.StdoutTail), StderrTail: stripNUL(res.StderrTail), FinishedAt: &finished, UpdatedAt: now(),
+	}
+	db := s.DB.WithContext(ctx)
+	upd := db.Model(&run).Clauses(clause.Returning{}).
+		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, RunRunning).
+		Select("state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at").
+		Updates(&run)
+	if upd.Error != nil {
+		return nil, fmt.Errorf("record result of run %d: %w", runID, upd.Error)
+	}
+	if upd.RowsAffected == 1 {
+		return &RecordedResult{Run: &run, Changed: true}, nil
+	}
+	var cur TaskRun
+	err := db.Take(&cur, runID).Error
+	switch {
+	case errors.Is(err, gorm.ErrRecordNotFound):
+		return nil, notFound("run", runID)
+	case err != nil:
+		return nil, fmt.Errorf("load run %d: %w", runID, err)
+	case cur.NodeID != nodeID:
+		return nil, fmt.Errorf("run %d belongs to another node: %w", runID, ErrForbidden)
+	case res.Attempt != cur.Attempt:
+		return nil, &ConflictError{Reason: fmt.Sprintf("run %d is at attempt %d, not %d", runID, cur.Attempt, res.Attempt)}
+	case RunFinal(cur.State):
+		return &RecordedResult{Run: &cur}, nil // a repeated report: nothing changes
+	default:
+		return nil, &ConflictError{Reason: fmt.Sprintf("run %d is %s, not running", runID, cur.State)}
+	}
 }
 
 // FailRun marks a run failed with reason (a timeout, a lost agent, a result

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -42,6 +43,7 @@ type Server struct {
 	cfg  Config
 	echo *echo.Echo
 	hub  *workHub
+	auth authCache
 	log  *slog.Logger
 }
 
@@ -134,7 +136,7 @@ func (s *Server) authenticate(c echo.Context) (models.Principal, error) {
 	if token == "" {
 		return models.Principal{}, apiError(http.StatusUnauthorized, "unauthorized", "missing bearer token: send 'Authorization: Bearer <token>' (see .dev/env for ANNEAL_TOKEN)")
 	}
-	p, err := s.cfg.Store.Authenticate(c.Request().Context(), token)
+	p, err := s.auth.authenticate(c.Request().Context(), token, s.cfg.Store.Authenticate)
 	if errors.Is(err, models.ErrForbidden) {
 		return p, apiError(http.StatusUnauthorized, "unauthorized", "unknown or revoked token")
 	}
@@ -282,4 +284,42 @@ func bindStrict(c echo.Context, v any) error {
 		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "trailing data after the JSON object"}
 	}
 	return nil
+}
+
+// authTTL bounds how long a verified token is trusted without asking the
+// database again: agents call several times per task, and a revoked token
+// stops working within this delay.
+const authTTL = 10 * time.Second
+
+// authCache remembers recently verified tokens by their hash.
+type authCache struct {
+	mu      sync.Mutex
+	entries map[string]authEntry
+}
+
+type authEntry struct {
+	p       models.Principal
+	expires time.Time
+}
+
+func (a *authCache) authenticate(ctx context.Context, token string, verify func(context.Context, string) (models.Principal, error)) (models.Principal, error) {
+	key := models.HashSecret(token)
+	now := time.Now()
+	a.mu.Lock()
+	e, ok := a.entries[key]
+	a.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.p, nil
+	}
+	p, err := verify(ctx, token)
+	if err != nil {
+		return p, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.entries == nil || len(a.entries) > 10000 {
+		a.entries = map[string]authEntry{} // crude bound; tokens are few
+	}
+	a.entries[key] = authEntry{p: p, expires: now.Add(authTTL)}
+	return p, nil
 }
