@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -75,15 +74,11 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	}
 	apiAddr := fmt.Sprintf("127.0.0.1:%d", port)
 	apiURL := "http://" + apiAddr
-	srv, err := devenv.StartProc("worker", exec.Command(filepath.Join(bin, "worker"),
-		"-database-url", dbURL, "-temporal", tmp.Address, "-api", apiAddr), filepath.Join(dir, "worker.log"))
+	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, apiAddr, filepath.Join(dir, "worker.log"))
 	if err != nil {
 		return err
 	}
 	defer srv.Stop(10 * time.Second)
-	if err := waitHealthy(ctx, apiURL, 60*time.Second, srv.Done()); err != nil {
-		return fmt.Errorf("%w\n%s", err, srv.LogTail(20))
-	}
 	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
 	if _, err := api.call(ctx, http.MethodPost, "/api/v1/releases", "application/yaml", []byte(benchRelease(*tasks)), nil); err != nil {
 		return err
@@ -187,24 +182,6 @@ func mustCreate(path string) *os.File {
 		return os.Stderr
 	}
 	return f
-}
-
-func waitNode(ctx context.Context, api *apiClient, name string) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		_, err := api.call(ctx, http.MethodGet, "/api/v1/nodes/"+name, "", nil, nil)
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("node %s did not register: %w", name, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // benchRelease is a release whose "bench" graph is a chain of n `true`

@@ -65,15 +65,11 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	apiURL := "http://" + *apiAddr
 	env["ANNEAL_URL"], env["TEMPORAL_UI"], env["TEMPORAL_ADDRESS"] = apiURL, tmp.UIURL, tmp.Address
 
-	srv, err := devenv.StartProc("worker", exec.Command(filepath.Join(bin, "worker"),
-		"-database-url", dbURL, "-temporal", tmp.Address, "-api", *apiAddr), filepath.Join(state, "logs", "worker.log"))
+	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, *apiAddr, filepath.Join(state, "logs", "worker.log"))
 	if err != nil {
 		return err
 	}
 	defer srv.Stop(10 * time.Second)
-	if err := waitHealthy(ctx, apiURL, 60*time.Second, srv.Done()); err != nil {
-		return fmt.Errorf("%w\n%s", err, srv.LogTail(20))
-	}
 	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
 	if err := seed(ctx, api); err != nil {
 		return err
@@ -198,29 +194,50 @@ func seed(ctx context.Context, api *apiClient) error {
 	return nil
 }
 
+// startWorker starts the worker binary with the API on apiAddr and waits
+// until the API answers.
+func startWorker(ctx context.Context, bin, dbURL, temporalAddr, apiAddr, logFile string) (*devenv.Proc, error) {
+	srv, err := devenv.StartProc("worker", exec.Command(filepath.Join(bin, "worker"),
+		"-database-url", dbURL, "-temporal", temporalAddr, "-api", apiAddr), logFile)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHealthy(ctx, "http://"+apiAddr, 60*time.Second, srv.Done()); err != nil {
+		srv.Stop(5 * time.Second)
+		return nil, fmt.Errorf("%w\n%s", err, srv.LogTail(20))
+	}
+	return srv, nil
+}
+
+// waitNode waits until the node's agent has phoned home.
+func waitNode(ctx context.Context, api *apiClient, name string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := api.call(ctx, http.MethodGet, "/api/v1/nodes/"+name, "", nil, nil)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node %s did not register within 60s (see its agent's log): %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // assignNodes waits for the agents to phone home, then puts their nodes
 // into the sample deployment: the first is the controller, the rest compute.
 func assignNodes(ctx context.Context, api *apiClient, names []string) error {
-	deadline := time.Now().Add(60 * time.Second)
 	for i, name := range names {
 		role := "compute"
 		if i == 0 {
 			role = "controller"
 		}
-		for {
-			var node models.Node
-			_, err := api.call(ctx, http.MethodGet, "/api/v1/nodes/"+name, "", nil, &node)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("node %s did not register within 60s (see .dev/logs/%s.log): %w", name, name, err)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(200 * time.Millisecond):
-			}
+		if err := waitNode(ctx, api, name); err != nil {
+			return err
 		}
 		body := map[string]any{"deployment": devDeployment, "roles": []string{role}}
 		if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", body, nil); err != nil {
