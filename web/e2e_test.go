@@ -12,10 +12,12 @@ import (
 	"github.com/google/uuid"
 	"go.temporal.io/api/common/v1"
 	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/history/v1"
 	"go.temporal.io/api/workflowservice/v1"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
@@ -181,6 +183,13 @@ func TestExecuteThreeNodes(t *testing.T) {
 	assert.Len(t, failed, 1)
 	onCtl := runsByKey(t, st, ans.TaskUUID, "?node="+nodeName("ctl"))
 	assert.Len(t, onCtl, 3)
+
+	recordHistories(t, st, map[string]string{
+		"transaction-with-failure":   ans.WorkflowID,
+		"node-waiting-on-other-node": ans.WorkflowID + "/" + nodeName("cmp"),
+		"node-with-failure":          ans.WorkflowID + "/" + nodeName("odd"),
+		"node-with-remote-children":  ans.WorkflowID + "/" + nodeName("ctl"),
+	})
 }
 
 // TestAgentSeesOnlyItsOwnNode: another node's agent cannot report, or
@@ -356,4 +365,26 @@ func TestRetryWithTemporalReset(t *testing.T) {
 	runs := runsByKey(t, st, ans.TaskUUID, "")
 	assert.Equal(t, models.RunSucceeded, runs["needs-fix@"+nodeName("ctl")].State)
 	assert.Equal(t, models.RunSucceeded, runs["after-fix@"+nodeName("ctl")].State)
+}
+
+// recordHistories writes the histories of a finished transaction and of
+// its node workflows to workflows/testdata, when ANNEAL_RECORD_HISTORIES is
+// set, for the replay test that guards determinism.
+func recordHistories(t *testing.T, st *testenv.Stack, workflowIDs map[string]string) {
+	if os.Getenv("ANNEAL_RECORD_HISTORIES") == "" {
+		return
+	}
+	ctx := context.Background()
+	for name, id := range workflowIDs {
+		iter := st.Temporal.GetWorkflowHistory(ctx, id, "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		var hist history.History
+		for iter.HasNext() {
+			ev, err := iter.Next()
+			require.NoError(t, err)
+			hist.Events = append(hist.Events, ev)
+		}
+		raw, err := protojson.MarshalOptions{Indent: " "}.Marshal(&hist)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join("..", "workflows", "testdata", name+".history.json"), raw, 0o644))
+	}
 }

@@ -1,0 +1,34 @@
+package workflows_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/worker"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+// TestReplayRecordedHistories replays histories recorded from real runs
+// (by the end-to-end test with ANNEAL_RECORD_HISTORIES=1) against today's
+// workflow code: a change that would break running workflows fails here.
+func TestReplayRecordedHistories(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.history.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, files, "no recorded histories in testdata")
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			require.NoError(t, err)
+			var hist history.History
+			require.NoError(t, protojson.Unmarshal(raw, &hist))
+			replayer := worker.NewWorkflowReplayer()
+			workflows.Register(replayer)
+			require.NoError(t, replayer.ReplayWorkflowHistory(nil, &hist))
+		})
+	}
+}
