@@ -388,3 +388,25 @@ func recordHistories(t *testing.T, st *testenv.Stack, workflowIDs map[string]str
 		require.NoError(t, os.WriteFile(filepath.Join("..", "workflows", "testdata", name+".history.json"), raw, 0o644))
 	}
 }
+
+// TestWorkerGoneMidRun: the worker going away while a task runs loses
+// nothing; the agent's report waits in Temporal and a new worker finishes
+// the transaction.
+func TestWorkerGoneMidRun(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{HeartbeatTimeoutSec: 20})
+	setup(t, st, map[string][]string{"ctl": {"controller"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "slow"}}})
+	require.Eventually(t, func() bool {
+		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == models.RunRunning
+	}, 20*time.Second, 50*time.Millisecond)
+	st.StopWorker()
+	// The task finishes and is reported while no worker runs.
+	require.Eventually(t, func() bool {
+		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == models.RunSucceeded
+	}, 20*time.Second, 100*time.Millisecond)
+	assert.Equal(t, models.RunPending, runsByKey(t, st, ans.TaskUUID, "")["next@"+nodeName("ctl")].State)
+	st.StartWorker(t)
+	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
+	assert.Equal(t, models.TxReady, tx.Status)
+	assert.Equal(t, models.RunSucceeded, runsByKey(t, st, ans.TaskUUID, "")["next@"+nodeName("ctl")].State)
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
 
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/models"
@@ -125,6 +126,8 @@ type Stack struct {
 	DatabaseURL string
 	Temporal    client.Client
 	TaskQueue   string
+	worker      worker.Worker
+	log         *slog.Logger
 }
 
 // NewStack starts a stack that stops when the test ends.
@@ -137,9 +140,9 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	store, dbURL := Store(t)
 	tc := TemporalClient(t)
 	queue := "anneal-test-" + uuid.NewString()[:8]
-	w := server.NewWorker(tc, store, queue, log)
-	require.NoError(t, w.Start())
-	t.Cleanup(w.Stop)
+	st := &Stack{Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue, log: log}
+	st.StartWorker(t)
+	t.Cleanup(st.StopWorker)
 	api := web.New(web.Config{
 		Store: store, Temporal: tc, TaskQueue: queue, DatabaseURL: dbURL,
 		HeartbeatTimeoutSec: opts.HeartbeatTimeoutSec, Log: log,
@@ -152,7 +155,24 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	require.NoError(t, err)
 	enroll, err := store.CreateAPIToken(ctx, "test-enroll", models.ScopeEnroll)
 	require.NoError(t, err)
-	return &Stack{URL: srv.URL, AdminToken: admin, EnrollToken: enroll, Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue}
+	st.URL, st.AdminToken, st.EnrollToken = srv.URL, admin, enroll
+	return st
+}
+
+// StartWorker starts a worker on the stack's task queue (NewStack starts
+// one; a test that stopped it can start another, as after a crash).
+func (s *Stack) StartWorker(t testing.TB) {
+	t.Helper()
+	s.worker = server.NewWorker(s.Temporal, s.Store, s.TaskQueue, s.log)
+	require.NoError(t, s.worker.Start())
+}
+
+// StopWorker stops the stack's worker, like a worker process going away.
+func (s *Stack) StopWorker() {
+	if s.worker != nil {
+		s.worker.Stop()
+		s.worker = nil
+	}
 }
 
 // Logger writes to the test log, so output shows only for failing tests.
