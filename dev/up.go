@@ -174,9 +174,9 @@ func loadOrCreateEnv(ctx context.Context, state, dbURL string) (map[string]strin
 
 func writeEnv(state string, env map[string]string) error {
 	var b strings.Builder
-	b.WriteString("# Written by `go run ./dev up`; source it: . .dev/env\n")
+	b.WriteString("# Written by `go run ./dev up`; source it: . .dev/env (or set -a; . .dev/env; set +a to export)\n")
 	for _, k := range []string{"ANNEAL_URL", "ANNEAL_TOKEN", "ANNEAL_ENROLL_TOKEN", "TEMPORAL_UI", "TEMPORAL_ADDRESS"} {
-		fmt.Fprintf(&b, "export %s='%s'\n", k, env[k])
+		fmt.Fprintf(&b, "%s=%s\n", k, env[k])
 	}
 	return os.WriteFile(filepath.Join(state, "env"), []byte(b.String()), 0o600)
 }

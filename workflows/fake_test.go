@@ -248,6 +248,9 @@ type suiteBase struct {
 func (s *suiteBase) newEnv() (*testsuite.TestWorkflowEnvironment, *fake) {
 	env := s.NewTestWorkflowEnvironment()
 	env.SetTestTimeout(5 * time.Second)
+	// A workflow that never ends (waiting for ever, auto-skipping its
+	// timers) fails the test at once instead of spinning.
+	env.SetWorkflowRunTimeout(24 * time.Hour)
 	workflows.Register(env)
 	env.RegisterActivity(&activities.Activities{})
 	return env, newFake(env)
