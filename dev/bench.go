@@ -105,7 +105,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		if i == 0 {
 			roles = append(roles, "anchor")
 		}
-		if err := waitNode(ctx, api, name); err != nil {
+		if err := waitNode(ctx, api, name, nil); err != nil {
 			return err
 		}
 		if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", map[string]any{"deployment": "bench", "roles": roles}, nil); err != nil {

@@ -45,7 +45,7 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 		return err
 	}
 	defer pg.Close()
-	dbURL, err := pg.EnsureDatabase(ctx, devDatabase)
+	dbURL, err := openDevDatabase(ctx, pg, state, log)
 	if err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 		}
 		agents = append(agents, a)
 	}
-	if err := assignNodes(ctx, api, names); err != nil {
+	if err := assignNodes(ctx, api, names, agents); err != nil {
 		return err
 	}
 	if err := writeEnv(state, env); err != nil {
@@ -209,12 +209,21 @@ func startWorker(ctx context.Context, bin, dbURL, temporalAddr, apiAddr, logFile
 	return srv, nil
 }
 
-// waitNode waits until the node's agent has phoned home.
-func waitNode(ctx context.Context, api *apiClient, name string) error {
+// waitNode waits until the node's agent has phoned home; agent, when not
+// nil, is the agent's process, whose early exit is an error.
+func waitNode(ctx context.Context, api *apiClient, name string, agent *devenv.Proc) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		_, err := api.call(ctx, http.MethodGet, "/api/v1/nodes/"+name, "", nil, nil)
-		if err == nil {
+		var node models.Node
+		_, err := api.call(ctx, http.MethodGet, "/api/v1/nodes/"+name, "", nil, &node)
+		if agent != nil {
+			select {
+			case <-agent.Done():
+				return fmt.Errorf("the agent of %s exited: %v\n%s", name, agent.Err(), agent.LogTail(5))
+			default:
+			}
+		}
+		if err == nil && node.LastSeenAt != nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -230,13 +239,13 @@ func waitNode(ctx context.Context, api *apiClient, name string) error {
 
 // assignNodes waits for the agents to phone home, then puts their nodes
 // into the sample deployment: the first is the controller, the rest compute.
-func assignNodes(ctx context.Context, api *apiClient, names []string) error {
+func assignNodes(ctx context.Context, api *apiClient, names []string, agents []*devenv.Proc) error {
 	for i, name := range names {
 		role := "compute"
 		if i == 0 {
 			role = "controller"
 		}
-		if err := waitNode(ctx, api, name); err != nil {
+		if err := waitNode(ctx, api, name, agents[i]); err != nil {
 			return err
 		}
 		body := map[string]any{"deployment": devDeployment, "roles": []string{role}}
@@ -245,4 +254,17 @@ func assignNodes(ctx context.Context, api *apiClient, names []string) error {
 		}
 	}
 	return nil
+}
+
+// openDevDatabase returns the dev database. Without .dev/env the tokens
+// and the agents' credentials are gone, so the database starts afresh too.
+func openDevDatabase(ctx context.Context, pg *devenv.Postgres, state string, log *slog.Logger) (string, error) {
+	if _, err := os.Stat(filepath.Join(state, "env")); err == nil {
+		return pg.EnsureDatabase(ctx, devDatabase)
+	}
+	log.Info("no .dev/env: starting with a fresh database and fresh simulated nodes")
+	if err := os.RemoveAll(filepath.Join(state, "nodes")); err != nil {
+		return "", err
+	}
+	return pg.ResetDatabase(ctx, devDatabase)
 }

@@ -196,7 +196,7 @@ func (f *fake) record(event string, also func()) {
 	also()
 }
 
-// snapshot returns a copy of the call log.
+// calls returns a copy of the call log.
 func (f *fake) calls() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -99,13 +99,17 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 		}
 		// Nothing can run until another node finishes something.
 		sel := workflow.NewSelector(ctx)
+		timerCtx, cancelTimer := workflow.WithCancel(ctx)
 		sel.AddReceive(signals, func(c workflow.ReceiveChannel, _ bool) {
 			var msg RunsFinished
 			c.Receive(ctx, &msg)
 			n.learn(msg.States)
 		})
 		sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {})
-		sel.AddFuture(workflow.NewTimer(ctx, poll), func(workflow.Future) {
+		sel.AddFuture(workflow.NewTimer(timerCtx, poll), func(f workflow.Future) {
+			if f.Get(ctx, nil) != nil {
+				return // cancelled below after a signal won
+			}
 			var states map[int64]string
 			ids := n.awaitedRemote()
 			if err := workflow.ExecuteActivity(stateActivity(ctx), a.CheckRunStates, ids).Get(ctx, &states); err == nil {
@@ -114,6 +118,8 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 			poll = min(poll*2, remotePollMax)
 		})
 		sel.Select(ctx)
+		// A timer left running would still fire later and cost history.
+		cancelTimer()
 	}
 	if ctx.Err() == nil {
 		n.flush(ctx)
@@ -262,6 +268,11 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 	if err == nil {
 		n.state[r.ID] = models.RunSucceeded
 		n.tellRemoteKids(ctx, []int64{r.ID})
+		return nil
+	}
+	if temporal.IsCanceledError(err) && ctx.Err() != nil {
+		// Stopped before an agent took the run: it stays pending, and the
+		// stop marks it cancelled with the others that never started.
 		return nil
 	}
 	n.state[r.ID] = models.RunFailed

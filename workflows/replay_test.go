@@ -16,6 +16,9 @@ import (
 // TestReplayRecordedHistories replays histories recorded from real runs
 // (by the end-to-end test with ANNEAL_RECORD_HISTORIES=1) against today's
 // workflow code: a change that would break running workflows fails here.
+// Such a change needs workflow.GetVersion once anneal runs anywhere; before
+// that, re-record with
+// `ANNEAL_RECORD_HISTORIES=1 go run ./dev test ./web/... -run ThreeNodes`.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.history.json")
 	require.NoError(t, err)

@@ -142,12 +142,16 @@ func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.Grap
 	return res
 }
 
-// rootMessage is the innermost message of a Temporal error chain, which is
-// what an operator needs to read.
+// rootMessage is the innermost message of a Temporal error chain, without
+// the SDK's decorations, which is what an operator needs to read.
 func rootMessage(err error) string {
 	for {
 		next := errors.Unwrap(err)
 		if next == nil {
+			var appErr *temporal.ApplicationError
+			if errors.As(err, &appErr) {
+				return appErr.Message()
+			}
 			return err.Error()
 		}
 		err = next

@@ -289,7 +289,6 @@ func (s *TransactionSuite) TestCancelWhileRunInFlight() {
 // ("no result from the node's agent: canceled") and BLOCKS its descendants,
 // instead of counting them as cancelled.
 func (s *TransactionSuite) TestCancelledRunIsNotRecordedAsFailed() {
-	s.T().Skip("known bug: node.go execute() treats a CanceledError from RunTaskOnNode as a lost agent")
 	f := s.cancelDuringRun()
 	for _, rf := range f.failures {
 		s.Zero(rf.RunID, "a cancelled run must not be recorded as failed: %+v", rf)
