@@ -57,7 +57,7 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 	log := workflow.GetLogger(ctx)
 	var np models.NodePlan
 	ref := activities.NodeRef{GraphRef: in.GraphRef, NodeID: in.NodeID}
-	if err := workflow.ExecuteActivity(stateActivity(ctx), a.LoadNodePlan, ref).Get(ctx, &np); err != nil {
+	if err := workflow.ExecuteLocalActivity(stateRead(ctx), LoadNodePlanActivity, ref).Get(ctx, &np); err != nil {
 		return nil, fmt.Errorf("load plan of node %s: %w", in.NodeName, err)
 	}
 	n := &nodeState{in: in, plan: &np, state: map[int64]string{}, remote: np.RemoteStates}
@@ -112,7 +112,7 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 			}
 			var states map[int64]string
 			ids := n.awaitedRemote()
-			if err := workflow.ExecuteActivity(stateActivity(ctx), a.CheckRunStates, ids).Get(ctx, &states); err == nil {
+			if err := workflow.ExecuteLocalActivity(stateRead(ctx), CheckRunStatesActivity, ids).Get(ctx, &states); err == nil {
 				n.learn(states)
 			}
 			poll = min(poll*2, remotePollMax)

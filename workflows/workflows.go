@@ -58,3 +58,24 @@ func stateActivity(ctx workflow.Context) workflow.Context {
 		},
 	})
 }
+
+// Reads from Postgres run as local activities, by their registered names:
+// they are short, and running them in the worker spares the Temporal server
+// a round of scheduling per node (it records only their result).
+const (
+	LoadNodePlanActivity   = "LoadNodePlan"
+	CheckRunStatesActivity = "CheckRunStates"
+)
+
+// stateRead is for local activities that read Postgres; like stateActivity
+// they retry until the database answers.
+func stateRead(ctx workflow.Context) workflow.Context {
+	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		StartToCloseTimeout: 30 * time.Second,
+		RetryPolicy: &temporal.RetryPolicy{
+			InitialInterval:    time.Second,
+			BackoffCoefficient: 2,
+			MaximumInterval:    30 * time.Second,
+		},
+	})
+}
