@@ -109,32 +109,6 @@ func (s *Server) getDeployment(c echo.Context) error {
 	return c.JSON(http.StatusOK, dep)
 }
 
-func (s *Server) listDeploymentGraphs(c echo.Context) error {
-	ctx := c.Request().Context()
-	dep, err := s.cfg.Store.Deployment(ctx, c.Param("id"))
-	if err != nil {
-		return err
-	}
-	types, err := s.cfg.Store.GraphTypes(ctx, dep)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, map[string]any{"types": types})
-}
-
-func (s *Server) getDeploymentGraph(c echo.Context) error {
-	ctx := c.Request().Context()
-	dep, err := s.cfg.Store.Deployment(ctx, c.Param("id"))
-	if err != nil {
-		return err
-	}
-	graph, err := s.cfg.Store.ResolveGraph(ctx, dep, c.Param("type"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, graph)
-}
-
 // importRelease takes a release in Fuel's shape as YAML or JSON.
 func (s *Server) importRelease(c echo.Context) error {
 	body, err := io.ReadAll(c.Request().Body)
