@@ -127,10 +127,11 @@ func planError(field string, err error) error {
 }
 
 // plannableNodes are the nodes of a deployment the annealer may give work:
-// allocated, alive and available.
+// allocated, alive and available. Their role names count as tags even when
+// the user removed them (Fuel's implicit role-name tag).
 func plannableNodes(tx *gorm.DB, deploymentID int64) ([]plan.Node, error) {
 	var nodes []Node
-	err := tx.Select("id", "name", "tags").
+	err := tx.Select("id", "name", "roles", "tags").
 		Where("deployment_id = ? AND allocated AND alive AND available", deploymentID).
 		Order("name").Find(&nodes).Error
 	if err != nil {
@@ -138,7 +139,7 @@ func plannableNodes(tx *gorm.DB, deploymentID int64) ([]plan.Node, error) {
 	}
 	out := make([]plan.Node, len(nodes))
 	for i, n := range nodes {
-		out[i] = plan.Node{ID: n.ID, Name: n.Name, Tags: n.Tags}
+		out[i] = plan.Node{ID: n.ID, Name: n.Name, Tags: plan.NodeTags(n.Roles, n.Tags)}
 	}
 	return out, nil
 }
