@@ -3,6 +3,9 @@ module github.com/anneal-dev/anneal
 go 1.26.8
 
 require (
+	cel.dev/cel-go v0.33.2 // indirect
+	cel.dev/expr v0.25.2 // indirect
+	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/facebookgo/clock v0.0.0-20150410010913-600d898af40a // indirect
 	github.com/go-gormigrate/gormigrate/v2 v2.1.7 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
@@ -32,6 +35,7 @@ require (
 	go.temporal.io/sdk/contrib/tools/workflowcheck v0.6.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/crypto v0.55.0 // indirect
+	golang.org/x/exp v0.0.0-20240823005443-9b4947da3948 // indirect
 	golang.org/x/mod v0.38.0 // indirect
 	golang.org/x/net v0.58.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect

@@ -13,7 +13,7 @@ import (
 	"github.com/anneal-dev/anneal/models"
 )
 
-// testTemplate is the migrated database every integration test clones.
+// testTemplate names the migrated database every integration test clones.
 const testTemplate = "anneal_test"
 
 // test prepares Postgres (a freshly migrated template database) and a
@@ -25,10 +25,13 @@ func test(ctx context.Context, root, state string, args []string, log *slog.Logg
 		return err
 	}
 	defer pg.Close()
-	tplURL, err := pg.ResetDatabase(ctx, testTemplate)
+	// A template of its own per run, so two runs at once do not collide.
+	template := fmt.Sprintf("%s_%d", testTemplate, os.Getpid())
+	tplURL, err := pg.ResetDatabase(ctx, template)
 	if err != nil {
 		return err
 	}
+	defer pg.DropDatabase(context.Background(), template)
 	if err := migrateOnce(ctx, tplURL); err != nil {
 		return err
 	}
@@ -54,7 +57,7 @@ func test(ctx context.Context, root, state string, args []string, log *slog.Logg
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
 		testenv.EnvDatabaseURL+"="+pg.URL,
-		testenv.EnvTemplate+"="+testTemplate,
+		testenv.EnvTemplate+"="+template,
 		testenv.EnvTemporal+"="+tmp.Address,
 		testenv.EnvRequire+"=1",
 	)

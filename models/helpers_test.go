@@ -129,7 +129,7 @@ func (f *fixture) execute(t *testing.T, in models.ExecuteInput) *models.Transact
 // plan creates a deployment transaction and plans its graph.
 func (f *fixture) plan(t *testing.T) (*models.Transaction, *models.GraphPlan) {
 	t.Helper()
-	txn := f.execute(t, models.ExecuteInput{})
+	txn := f.execute(t, models.ExecuteInput{Force: true}) // independent of earlier runs (LCM)
 	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
 	require.NoError(t, err)
 	return txn, gp

@@ -57,8 +57,11 @@ type Role struct {
 	Tags      []string       `json:"tags" gorm:"serializer:json"`
 	Flags     []string       `json:"flags" gorm:"serializer:json"`
 	Template  map[string]any `json:"template" gorm:"serializer:json"`
-	CreatedAt time.Time      `json:"created_at"`
-	UpdatedAt time.Time      `json:"updated_at"`
+	// Script is what the role's jig runs when the release has no task of
+	// its own for the role (a Crowbar-style role).
+	Script    string    `json:"script,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // SystemDeployment is the deployment every discovered node lands in.
@@ -138,7 +141,20 @@ type GraphRequest struct {
 	Type  string   `json:"type"`
 	Nodes []int64  `json:"nodes,omitempty"`
 	Tasks []string `json:"tasks,omitempty"`
+	// MaxNodesInFlight caps the nodes working on this graph at once
+	// (0: the transaction's, else DefaultMaxNodesInFlight).
+	MaxNodesInFlight int `json:"max_nodes_in_flight,omitempty"`
+	// FailureThreshold is the percentage of the graph's nodes that may fail
+	// before the rest are stopped (nil: the transaction's, else
+	// DefaultFailureThreshold). Like Fuel's fault tolerance.
+	FailureThreshold *int `json:"failure_threshold,omitempty"`
 }
+
+// Safety valves of a transaction when nobody sets them.
+const (
+	DefaultMaxNodesInFlight = 1000 // Temporal allows 2,000 pending children
+	DefaultFailureThreshold = 100  // never abort: a failure blocks only its descendants
+)
 
 // Transaction runs one or more graphs on a deployment, durably.
 type Transaction struct {
@@ -149,6 +165,7 @@ type Transaction struct {
 	Force        bool           `json:"force"`
 	Status       string         `json:"status"`
 	Error        string         `json:"error"`
+	Warnings     []string       `json:"warnings" gorm:"serializer:json"`
 	WorkflowID   string         `json:"workflow_id"`
 	CreatedAt    time.Time      `json:"created_at"`
 	StartedAt    *time.Time     `json:"started_at"`

@@ -31,6 +31,9 @@ type RoleSpec struct {
 	Tags     []string       `json:"tags" yaml:"tags"`
 	Flags    []string       `json:"flags" yaml:"flags"`
 	Template map[string]any `json:"template" yaml:"template"`
+	// Script runs the role as one task when no task of the release's
+	// deployment graph selects the role (Crowbar style).
+	Script string `json:"script" yaml:"script"`
 }
 
 // GraphSpec is one graph as imported.
@@ -127,6 +130,7 @@ func (s *Store) ImportRelease(ctx context.Context, spec ReleaseSpec) (*Release, 
 			role := Role{
 				ReleaseID: rel.ID, Name: name, Title: r.Name, Jig: r.Jig,
 				Requires: nonNil(r.Requires), Tags: nonNil(r.Tags), Flags: nonNil(r.Flags), Template: r.Template,
+				Script: r.Script,
 			}
 			if role.Jig == "" {
 				role.Jig = "agent"
@@ -149,7 +153,9 @@ func (s *Store) ImportRelease(ctx context.Context, spec ReleaseSpec) (*Release, 
 				return err
 			}
 		}
-		return nil
+		// Tags (models/tags.go): the release's declared tags, replaced;
+		// user-created ones kept.
+		return syncReleaseTags(tx, &rel, spec)
 	})
 	if err != nil {
 		return nil, err

@@ -2,6 +2,9 @@ package models
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -39,6 +42,9 @@ type GraphPlan struct {
 	Nodes     []PlannedNode `json:"nodes"`
 	Runs      int           `json:"runs"`
 	Warnings  []string      `json:"warnings,omitempty"`
+	// The graph's safety valves, defaults applied.
+	MaxNodesInFlight int  `json:"max_nodes_in_flight"`
+	FailureThreshold *int `json:"failure_threshold,omitempty"`
 }
 
 // PlanGraph plans graph gi of a transaction: resolves its tasks to the
@@ -69,7 +75,15 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 				return fmt.Errorf("restart transaction %s: %w", id, err)
 			}
 		}
-		out = &GraphPlan{GraphType: req.Type, DryRun: txn.DryRun}
+		threshold := DefaultFailureThreshold
+		if req.FailureThreshold != nil {
+			threshold = *req.FailureThreshold
+		}
+		out = &GraphPlan{GraphType: req.Type, DryRun: txn.DryRun,
+			MaxNodesInFlight: DefaultMaxNodesInFlight, FailureThreshold: &threshold}
+		if req.MaxNodesInFlight > 0 {
+			out.MaxNodesInFlight = req.MaxNodesInFlight
+		}
 		var existing int64
 		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND graph_index = ?", id, gi).Count(&existing).Error; err != nil {
 			return fmt.Errorf("check plan of %s graph %d: %w", id, gi, err)
@@ -92,7 +106,7 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 			if err := tx.Take(&dep, txn.DeploymentID).Error; err != nil {
 				return fmt.Errorf("load deployment of %s: %w", id, err)
 			}
-			graph, err := resolveGraph(tx, &dep, req.Type)
+			graph, err := graphTasks(tx, &dep, req.Type)
 			if err != nil {
 				return fmt.Errorf("graph %q: %w", req.Type, err)
 			}
@@ -107,6 +121,12 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 			out.Warnings = p.Warnings
 			if err := persistPlan(tx, &txn, gi, req.Type, p); err != nil {
 				return err
+			}
+			if len(p.Warnings) > 0 {
+				warnings := append(slices.Clone(txn.Warnings), p.Warnings...)
+				if err := tx.Model(&txn).Select("warnings").Updates(&Transaction{Warnings: warnings}).Error; err != nil {
+					return fmt.Errorf("record plan warnings of %s: %w", id, err)
+				}
 			}
 		}
 		var rows []PlannedNode
@@ -137,20 +157,27 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 	if txn.DryRun {
 		state = RunPlanned
 	}
+	done, err := lastSucceeded(tx, txn.DeploymentID, graphType)
+	if err != nil {
+		return err
+	}
 	runs := make([]TaskRun, len(p.Runs))
 	for i, r := range p.Runs {
-		typ := r.Task.Type
-		if typ == "" {
-			typ = "shell"
-		}
+		typ := r.Task.Kind()
 		timeout := r.Task.Parameters.Timeout
 		if timeout <= 0 {
 			timeout = DefaultTaskTimeoutSec
 		}
+		hash := inputsHash(r)
 		runs[i] = TaskRun{
 			TransactionID: txn.ID, GraphIndex: gi, GraphType: graphType, NodeID: r.NodeID, NodeName: r.NodeName,
 			TaskName: r.Task.ID, TaskType: typ, Position: i, State: state, Outputs: map[string]string{},
-			Spec: RunSpec{Cmd: r.Task.Parameters.Cmd, TimeoutSec: timeout, Retries: r.Task.Parameters.Retries},
+			Spec:       RunSpec{Cmd: r.Task.Parameters.Cmd, TimeoutSec: timeout, Retries: r.Task.Parameters.Retries},
+			InputsHash: hash,
+		}
+		if !txn.Force && done[lcmKey{r.NodeID, r.Task.ID}] == hash {
+			runs[i].State = RunSkipped
+			runs[i].Error = "skipped: unchanged since its last successful run on this node (force runs it)"
 		}
 	}
 	if len(runs) > 0 {
@@ -168,6 +195,46 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 		}
 	}
 	return nil
+}
+
+// lcmKey names a task on a node.
+type lcmKey struct {
+	node int64
+	task string
+}
+
+// lastSucceeded maps each (node, task) of a deployment's graph type to the
+// inputs hash of its last successful run.
+func lastSucceeded(tx *gorm.DB, deploymentID int64, graphType string) (map[lcmKey]string, error) {
+	var rows []struct {
+		NodeID     int64
+		TaskName   string
+		InputsHash string
+	}
+	err := tx.Raw(`
+SELECT DISTINCT ON (r.node_id, r.task_name) r.node_id, r.task_name, r.inputs_hash
+FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
+WHERE t.deployment_id = ? AND r.graph_type = ? AND r.state = ?
+ORDER BY r.node_id, r.task_name, r.finished_at DESC`, deploymentID, graphType, RunSucceeded).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("load last successful runs: %w", err)
+	}
+	out := make(map[lcmKey]string, len(rows))
+	for _, r := range rows {
+		out[lcmKey{r.NodeID, r.TaskName}] = r.InputsHash
+	}
+	return out, nil
+}
+
+// inputsHash digests what a run depends on: the task's definition and the
+// node it runs on. Equal hashes mean re-running would do the same thing.
+func inputsHash(r plan.Run) string {
+	def, err := json.Marshal(r.Task)
+	if err != nil {
+		panic(fmt.Sprintf("marshal task %s: %v", r.Task.ID, err)) // plain data: cannot fail
+	}
+	sum := sha256.Sum256(append(append(def, 0), r.NodeName...))
+	return hex.EncodeToString(sum[:])
 }
 
 // NodeRun is one run as a node's workflow sees it: what to run and which

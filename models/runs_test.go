@@ -70,7 +70,9 @@ func TestPlanGraph(t *testing.T) {
 			{ID: f.cmp.ID, Name: cmpName, Runs: 2},
 			{ID: f.ctl.ID, Name: ctlName, Runs: 2},
 		},
-		Runs: 4,
+		Runs:             4,
+		MaxNodesInFlight: models.DefaultMaxNodesInFlight,
+		FailureThreshold: ptr(models.DefaultFailureThreshold),
 	}
 	assert.Equal(t, want, gp)
 	assert.EqualValues(t, 4, count(t, f.store, &models.TaskRun{}))
@@ -485,3 +487,5 @@ func TestPlanGraphAgainReopensUnfinishedRuns(t *testing.T) {
 		assert.Nil(t, got[label].FinishedAt, label)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

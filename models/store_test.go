@@ -1,7 +1,9 @@
 package models_test
 
 import (
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,8 +20,14 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	require.NoError(t, models.Migrate(ctx, store.DB))
 	require.NoError(t, models.Migrate(ctx, store.DB))
 	var ids []string
-	require.NoError(t, store.DB.Table("migrations").Pluck("id", &ids).Error)
-	assert.Equal(t, []string{"0001_foundation"}, ids)
+	require.NoError(t, store.DB.Table("migrations").Order("id").Pluck("id", &ids).Error)
+	files, err := filepath.Glob("migrations/*.sql")
+	require.NoError(t, err)
+	var want []string
+	for _, f := range files {
+		want = append(want, strings.TrimSuffix(filepath.Base(f), ".sql"))
+	}
+	assert.Equal(t, want, ids, "each migration recorded once")
 	assert.EqualValues(t, 1, count(t, store, &models.Deployment{}, "name = ?", models.SystemDeployment))
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/models/plan"
 )
@@ -19,6 +20,10 @@ type ExecuteInput struct {
 	Graphs     []GraphRequest
 	DryRun     bool
 	Force      bool
+	// MaxNodesInFlight and FailureThreshold apply to every graph that does
+	// not set its own.
+	MaxNodesInFlight int
+	FailureThreshold *int
 }
 
 // WorkflowIDFor is the readable Temporal workflow ID of a transaction.
@@ -48,19 +53,32 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 		if err != nil {
 			return err
 		}
-		for i, g := range in.Graphs {
+		if err := checkValves("", in.MaxNodesInFlight, in.FailureThreshold); err != nil {
+			return err
+		}
+		for i := range in.Graphs {
+			g := &in.Graphs[i]
 			field := fmt.Sprintf("graphs[%d]", i)
 			if g.Type == "" {
 				return Invalid(field+".type", "is required")
 			}
-			graph, err := resolveGraph(tx, dep, g.Type)
+			if err := checkValves(field+".", g.MaxNodesInFlight, g.FailureThreshold); err != nil {
+				return err
+			}
+			if g.MaxNodesInFlight == 0 {
+				g.MaxNodesInFlight = in.MaxNodesInFlight
+			}
+			if g.FailureThreshold == nil {
+				g.FailureThreshold = in.FailureThreshold
+			}
+			graph, err := graphTasks(tx, dep, g.Type)
 			if errors.Is(err, ErrNotFound) {
 				return Invalid(field+".type", "deployment %q has no graph of type %q", dep.Name, g.Type)
 			}
 			if err != nil {
 				return err
 			}
-			if err := checkFilters(field, g, graph, dep, tx); err != nil {
+			if err := checkFilters(field, *g, graph, dep, tx); err != nil {
 				return err
 			}
 			if _, err := plan.Build(graph.Tasks, nodes, plan.Options{Nodes: g.Nodes, Tasks: g.Tasks}); err != nil {
@@ -69,7 +87,7 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 		}
 		txn = &Transaction{
 			ID: uuid.New(), DeploymentID: dep.ID, Graphs: in.Graphs, DryRun: in.DryRun, Force: in.Force,
-			Status: TxPending,
+			Status: TxPending, Warnings: []string{},
 		}
 		txn.WorkflowID = WorkflowIDFor(txn.ID)
 		if err := tx.Create(txn).Error; err != nil {
@@ -81,6 +99,17 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 		return nil, err
 	}
 	return txn, nil
+}
+
+// checkValves validates the safety valves of a transaction or a graph.
+func checkValves(prefix string, maxNodes int, threshold *int) error {
+	if maxNodes < 0 {
+		return Invalid(prefix+"max_nodes_in_flight", "must be 0 (the default, %d) or more", DefaultMaxNodesInFlight)
+	}
+	if threshold != nil && (*threshold < 0 || *threshold > 100) {
+		return Invalid(prefix+"failure_threshold", "must be a percentage from 0 to 100, not %d", *threshold)
+	}
+	return nil
 }
 
 // checkFilters verifies that every node of a graph's filter belongs to the
@@ -128,18 +157,26 @@ func planError(field string, err error) error {
 
 // plannableNodes are the nodes of a deployment the annealer may give work:
 // allocated, alive and available. Their role names count as tags even when
-// the user removed them (Fuel's implicit role-name tag).
+// the user removed them (Fuel's implicit role-name tag). The primary of each
+// has_primary tag is decided among all the deployment's nodes and recorded
+// (see primaryPlanningTags in tags.go); it also gets "primary-<tag>".
 func plannableNodes(tx *gorm.DB, deploymentID int64) ([]plan.Node, error) {
 	var nodes []Node
-	err := tx.Select("id", "name", "roles", "tags").
-		Where("deployment_id = ? AND allocated AND alive AND available", deploymentID).
+	err := tx.Select("id", "name", "roles", "tags", "allocated", "alive", "available").
+		Where("deployment_id = ?", deploymentID).
 		Order("name").Find(&nodes).Error
 	if err != nil {
 		return nil, fmt.Errorf("load nodes of deployment %d: %w", deploymentID, err)
 	}
-	out := make([]plan.Node, len(nodes))
-	for i, n := range nodes {
-		out[i] = plan.Node{ID: n.ID, Name: n.Name, Tags: plan.NodeTags(n.Roles, n.Tags)}
+	primary, err := primaryPlanningTags(tx, deploymentID, nodes)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]plan.Node, 0, len(nodes))
+	for _, n := range nodes {
+		if n.Allocated && n.Alive && n.Available {
+			out = append(out, plan.Node{ID: n.ID, Name: n.Name, Tags: append(plan.NodeTags(n.Roles, n.Tags), primary[n.ID]...)})
+		}
 	}
 	return out, nil
 }
@@ -316,4 +353,31 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// ReopenTransaction makes a failed or stopped transaction pending again and
+// calls start (which starts its workflow again) in the same database
+// transaction: if start fails, nothing changes.
+func (s *Store) ReopenTransaction(ctx context.Context, id uuid.UUID, start func(*Transaction) error) (*Transaction, error) {
+	var txn Transaction
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				return notFound("transaction", id)
+			}
+			return fmt.Errorf("load transaction %s: %w", id, err)
+		}
+		if txn.Status != TxError && txn.Status != TxStopped {
+			return &ConflictError{Reason: fmt.Sprintf("transaction %s is %s; only a failed (error) or stopped one can be retried", id, txn.Status)}
+		}
+		txn.Status, txn.Error, txn.FinishedAt = TxPending, "", nil
+		if err := tx.Model(&txn).Select("status", "error", "finished_at").Updates(&txn).Error; err != nil {
+			return fmt.Errorf("reopen transaction %s: %w", id, err)
+		}
+		return start(&txn)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &txn, nil
 }

@@ -11,11 +11,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
-	"go.temporal.io/sdk/client"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/workflows"
 )
 
 func (s *Server) listNodes(c echo.Context) error {
@@ -175,10 +173,12 @@ func (r *ref) UnmarshalJSON(b []byte) error {
 }
 
 type executeRequest struct {
-	Deployment ref                   `json:"deployment"`
-	Graphs     []models.GraphRequest `json:"graphs"`
-	DryRun     bool                  `json:"dry_run"`
-	Force      bool                  `json:"force"`
+	Deployment       ref                   `json:"deployment"`
+	Graphs           []models.GraphRequest `json:"graphs"`
+	DryRun           bool                  `json:"dry_run"`
+	Force            bool                  `json:"force"`
+	MaxNodesInFlight int                   `json:"max_nodes_in_flight"`
+	FailureThreshold *int                  `json:"failure_threshold"`
 }
 
 // execute is POST /graphs/execute: validate, record the transaction and
@@ -189,37 +189,13 @@ func (s *Server) execute(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	in := models.ExecuteInput{Deployment: string(req.Deployment), Graphs: req.Graphs, DryRun: req.DryRun, Force: req.Force}
-	txn, err := s.cfg.Store.CreateTransaction(ctx, in, func(txn *models.Transaction) error {
-		types := make([]string, len(txn.Graphs))
-		for i, g := range txn.Graphs {
-			types[i] = g.Type
-		}
-		opts := client.StartWorkflowOptions{
-			ID:            txn.WorkflowID,
-			TaskQueue:     s.cfg.TaskQueue,
-			Memo:          map[string]any{"deployment": in.Deployment, "graphs": types, "dry_run": txn.DryRun},
-			StaticSummary: fmt.Sprintf("%s on deployment %s", strings.Join(types, " → "), in.Deployment),
-		}
-		input := workflows.TransactionInput{
-			TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,
-		}
-		if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
-			return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the transaction workflow; nothing was recorded: "+err.Error())
-		}
-		return nil
-	})
+	in := models.ExecuteInput{Deployment: string(req.Deployment), Graphs: req.Graphs, DryRun: req.DryRun, Force: req.Force,
+		MaxNodesInFlight: req.MaxNodesInFlight, FailureThreshold: req.FailureThreshold}
+	txn, err := s.startTransaction(ctx, in, "", nil)
 	if err != nil {
 		return err
 	}
-	s.log.Info("transaction started", "transaction", txn.ID, "workflow_id", txn.WorkflowID, "deployment", in.Deployment)
-	return c.JSON(http.StatusAccepted, map[string]any{
-		"task_uuid": txn.ID, "workflow_id": txn.WorkflowID, "status": txn.Status,
-		"links": map[string]string{
-			"self": "/api/v1/transactions/" + txn.ID.String(),
-			"runs": "/api/v1/transactions/" + txn.ID.String() + "/runs",
-		},
-	})
+	return transactionAccepted(c, txn, nil)
 }
 
 func uuidParam(c echo.Context) (uuid.UUID, error) {

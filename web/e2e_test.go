@@ -62,13 +62,34 @@ graphs:
         parameters: {cmd: "echo never", timeout: 30}
   fixable:
     tasks:
+      - id: prepare
+        tags: [controller]
+        parameters: {cmd: "echo once >> prepared", timeout: 30}
       - id: needs-fix
         tags: [controller]
+        requires: [prepare]
         parameters: {cmd: "test -f fixed || { echo not fixed >&2; exit 3; }", timeout: 30}
       - id: after-fix
         tags: [controller]
         requires: [needs-fix]
         parameters: {cmd: "echo after", timeout: 30}
+  valves:
+    tasks:
+      - id: boom
+        tags: [flaky]
+        parameters: {cmd: "exit 1", timeout: 30}
+      - id: slow
+        tags: [hypervisor]
+        parameters: {cmd: "sleep 2", timeout: 30}
+      - id: after-slow
+        tags: [hypervisor]
+        requires: [slow]
+        parameters: {cmd: "echo after", timeout: 30}
+  solo:
+    tasks:
+      - id: solo
+        tags: ["/.*/"]
+        parameters: {cmd: "sleep 0.3", timeout: 30}
   slow:
     tasks:
       - id: long

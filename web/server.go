@@ -82,11 +82,14 @@ func New(cfg Config) *Server {
 	admin.GET("/deployments/:id", s.getDeployment)
 	s.graphRoutes(admin)
 	s.tagRoutes(admin)
+	s.scenarioRoutes(admin)
 	admin.POST("/releases", s.importRelease)
 	admin.GET("/releases/:id", s.getRelease)
 	admin.POST("/graphs/execute", s.execute)
 	admin.GET("/transactions/:uuid", s.getTransaction)
 	admin.GET("/transactions/:uuid/runs", s.listRuns)
+	admin.POST("/transactions/:uuid/stop", s.stopTransaction)
+	admin.POST("/transactions/:uuid/retry", s.retryTransaction)
 	return s
 }
 

@@ -26,7 +26,8 @@ type TransactionInput struct {
 // graphResult sums up the node workflows of one graph.
 type graphResult struct {
 	NodeResult
-	lost []string // nodes whose workflow ended abnormally
+	lost    []string // nodes whose workflow ended abnormally
+	aborted string   // why the failure threshold stopped the graph
 }
 
 // Transaction runs a transaction's graphs one after another: each graph is
@@ -62,6 +63,10 @@ func Transaction(ctx workflow.Context, in TransactionInput) (*activities.Transac
 			failReason = fmt.Sprintf("graph %q: the workflows of node(s) %v ended abnormally", gp.GraphType, res.lost)
 			break
 		}
+		if res.aborted != "" {
+			failReason = fmt.Sprintf("graph %q: %s", gp.GraphType, res.aborted)
+			break
+		}
 		if res.Failed > 0 || res.Blocked > 0 {
 			break // later graphs build on this one; do not run them
 		}
@@ -84,10 +89,22 @@ func Transaction(ctx workflow.Context, in TransactionInput) (*activities.Transac
 // MaxNodesInFlight at a time, and waits for all of them.
 func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.GraphPlan) graphResult {
 	var a *activities.Activities
-	limit := in.MaxNodesInFlight
+	limit := gp.MaxNodesInFlight
+	if limit <= 0 {
+		limit = in.MaxNodesInFlight
+	}
 	if limit <= 0 {
 		limit = DefaultMaxNodesInFlight
 	}
+	threshold := 100
+	if gp.FailureThreshold != nil {
+		threshold = *gp.FailureThreshold
+	}
+	// Exceeding the failure threshold cancels the graph's node workflows
+	// (not the transaction): they finish what runs and cancel the rest.
+	gctx, abort := workflow.WithCancel(ctx)
+	defer abort()
+	failedNodes := 0
 	var res graphResult
 	sel := workflow.NewSelector(ctx)
 	inFlight := 0
@@ -96,11 +113,11 @@ func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.Grap
 			sel.Select(ctx)
 			inFlight--
 		}
-		if ctx.Err() != nil {
-			break // stopped: start no more nodes; their runs stay pending and are cancelled at the end
+		if gctx.Err() != nil {
+			break // stopped or aborted: start no more nodes; their runs are cancelled at the end
 		}
 		node := node
-		cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+		cctx := workflow.WithChildOptions(gctx, workflow.ChildWorkflowOptions{
 			WorkflowID:          NodeWorkflowID(in.TransactionID, node.Name),
 			WaitForCancellation: true,
 			StaticSummary:       fmt.Sprintf("%s graph on %s: %d task(s)", gp.GraphType, node.Name, node.Runs),
@@ -115,14 +132,25 @@ func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.Grap
 		sel.AddFuture(f, func(f workflow.Future) {
 			var r NodeResult
 			err := f.Get(ctx, &r)
+			defer func() {
+				if res.aborted == "" && failedNodes*100 > threshold*len(gp.Nodes) {
+					res.aborted = fmt.Sprintf("%d of %d nodes failed, over the failure threshold of %d%%: the other nodes were stopped",
+						failedNodes, len(gp.Nodes), threshold)
+					abort()
+				}
+			}()
 			if err == nil {
 				res.add(r)
+				if r.Failed > 0 {
+					failedNodes++
+				}
 				return
 			}
 			var canceled *temporal.CanceledError
 			if errors.As(err, &canceled) {
 				return
 			}
+			failedNodes++
 			// The node's workflow died (terminated, timed out, a bug): fail
 			// what it left so that nothing waits for it forever.
 			res.lost = append(res.lost, node.Name)

@@ -1,0 +1,245 @@
+package models_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/plan"
+)
+
+func strp(s string) *string { return &s }
+
+// pluginOwner addresses a plugin's graphs.
+func pluginOwner(p *models.Plugin) models.GraphOwner {
+	return models.GraphOwner{Kind: models.OwnerPlugin, Ref: p.Name + "@" + p.Version}
+}
+
+func TestGraphMergeThreeLevels(t *testing.T) {
+	f := newFixture(t)
+	s, ctx := f.store, f.ctx
+	newPlugin := func(name string) *models.Plugin {
+		p, err := s.CreatePlugin(ctx, models.PluginInput{Name: name, Version: "1.0", Title: name + " plugin"})
+		require.NoError(t, err)
+		return p
+	}
+	alpha, beta, gamma := newPlugin("alpha"), newPlugin("beta"), newPlugin("gamma")
+
+	// alpha overrides the release's db and adds a monitor selected by the
+	// legacy role field (Fuel plugins without tags); it also brings a graph
+	// type of its own.
+	_, err := s.CreateGraph(ctx, pluginOwner(alpha), "deployment", models.GraphInput{
+		Name:     strp("alpha"),
+		Metadata: map[string]any{"owner": "alpha", "alpha": true},
+		Tasks: []plan.Task{
+			{ID: "db", Tags: []string{"db"}, Requires: []string{"setup"}, Parameters: plan.Parameters{Cmd: "echo alpha-db"}},
+			{ID: "monitor", Role: plan.StringList{"controller"}, Requires: []string{"db"}, Parameters: plan.Parameters{Cmd: "echo alpha-monitor"}},
+		},
+	})
+	require.NoError(t, err)
+	_, err = s.CreateGraph(ctx, pluginOwner(alpha), "alpha-check", models.GraphInput{
+		Tasks: []plan.Task{{ID: "check", Role: plan.StringList{"*"}}},
+	})
+	require.NoError(t, err)
+	// beta would replace setup and add a task, but ends up disabled.
+	_, err = s.CreateGraph(ctx, pluginOwner(beta), "deployment", models.GraphInput{
+		Metadata: map[string]any{"owner": "beta", "beta": true},
+		Tasks: []plan.Task{
+			{ID: "setup", Tags: []string{"controller", "compute"}, Parameters: plan.Parameters{Cmd: "echo beta-setup"}},
+			{ID: "beta-task", Tags: []string{"api"}},
+		},
+	})
+	require.NoError(t, err)
+	_, err = s.CreateGraph(ctx, pluginOwner(beta), "beta-only", models.GraphInput{Tasks: []plan.Task{{ID: "b"}}})
+	require.NoError(t, err)
+	// gamma, a later plugin, replaces alpha's monitor.
+	_, err = s.CreateGraph(ctx, pluginOwner(gamma), "deployment", models.GraphInput{
+		Metadata: map[string]any{"owner": "gamma"},
+		Tasks: []plan.Task{
+			{ID: "monitor", Role: plan.StringList{"controller"}, Parameters: plan.Parameters{Cmd: "echo gamma-monitor"}},
+		},
+	})
+	require.NoError(t, err)
+	// The deployment replaces db once more.
+	_, err = s.CreateGraph(ctx, models.GraphOwner{Kind: models.OwnerDeployment, Ref: "prod"}, "deployment", models.GraphInput{
+		Metadata: map[string]any{"owner": "deployment"},
+		Tasks: []plan.Task{
+			{ID: "db", Tags: []string{"db"}, Requires: []string{"setup"}, Parameters: plan.Parameters{Cmd: "echo deployment-db"}},
+		},
+	})
+	require.NoError(t, err)
+
+	// Enabled in the "wrong" order: plugin id decides the merge order.
+	require.NoError(t, s.EnablePlugin(ctx, "prod", "gamma"))
+	require.NoError(t, s.EnablePlugin(ctx, "prod", "gamma"), "enabling twice changes nothing")
+	require.NoError(t, s.EnablePlugin(ctx, "prod", "alpha@1.0"))
+	require.NoError(t, s.EnablePlugin(ctx, "prod", "beta"))
+	require.NoError(t, s.DisablePlugin(ctx, "prod", "beta"))
+	assert.ErrorIs(t, s.DisablePlugin(ctx, "prod", "beta"), models.ErrNotFound, "not enabled any more")
+	enabled, err := s.DeploymentPlugins(ctx, "prod")
+	require.NoError(t, err)
+	require.Len(t, enabled, 2)
+	assert.Equal(t, []string{"alpha", "gamma"}, []string{enabled[0].Name, enabled[1].Name})
+
+	g, err := s.ResolveGraph(ctx, f.dep, "deployment")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"setup", "db", "nova", "monitor"}, taskIDs(g.Tasks))
+	assert.Equal(t, "echo setup", g.Tasks[0].Parameters.Cmd, "the disabled beta does not replace setup")
+	assert.Equal(t, "echo deployment-db", g.Tasks[1].Parameters.Cmd, "the deployment wins over alpha")
+	assert.Equal(t, "echo gamma-monitor", g.Tasks[3].Parameters.Cmd, "gamma (later id) wins over alpha")
+	assert.Empty(t, g.Tasks[3].Requires, "a task is replaced whole")
+	assert.Equal(t, "deployment", g.Metadata["owner"])
+	assert.Equal(t, true, g.Metadata["alpha"])
+	assert.NotContains(t, g.Metadata, "beta")
+	assert.Contains(t, g.Metadata, "on_success")
+	var sources []string
+	for _, src := range g.Sources {
+		sources = append(sources, src.OwnerKind)
+	}
+	assert.Equal(t, []string{"release", "plugin", "plugin", "deployment"}, sources)
+	assert.Equal(t, alpha.ID, g.Sources[1].OwnerID)
+	assert.Equal(t, gamma.ID, g.Sources[2].OwnerID)
+
+	types, err := s.GraphTypes(ctx, f.dep)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"alpha-check", "deployment", "provision"}, types)
+
+	// Another deployment of the release without plugins sees the release only.
+	other, err := s.CreateDeployment(ctx, models.DeploymentInput{Name: "other", Release: "openstack"})
+	require.NoError(t, err)
+	g, err = s.ResolveGraph(ctx, other, "deployment")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"setup", "db", "nova"}, taskIDs(g.Tasks))
+	assert.Equal(t, "echo db", g.Tasks[1].Parameters.Cmd)
+
+	// Planning uses the merged graph: gamma's monitor runs on the controller
+	// through its legacy role, after nothing but setup's successors.
+	p, err := s.PlanPreview(ctx, f.dep, "deployment")
+	require.NoError(t, err)
+	labels := map[string]bool{}
+	for _, r := range p.Runs {
+		labels[r.Label()] = true
+	}
+	assert.Equal(t, map[string]bool{
+		"setup@" + ctlName: true, "setup@" + cmpName: true, "db@" + ctlName: true,
+		"nova@" + cmpName: true, "monitor@" + ctlName: true,
+	}, labels)
+	_, gp := f.plan(t)
+	assert.Equal(t, 5, gp.Runs, "execute plans the same merged graph")
+
+	// The own graphs are unmerged.
+	own, err := s.OwnGraph(ctx, pluginOwner(alpha), "deployment")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"db", "monitor"}, taskIDs(own.Tasks))
+	list, err := s.OwnGraphs(ctx, pluginOwner(alpha))
+	require.NoError(t, err)
+	assert.Equal(t, []models.GraphSummary{
+		{Type: "alpha-check", Name: "", TaskCount: 1},
+		{Type: "deployment", Name: "alpha", TaskCount: 2},
+	}, list)
+}
+
+func TestGraphWrites(t *testing.T) {
+	f := newFixture(t)
+	s, ctx := f.store, f.ctx
+	rel := models.GraphOwner{Kind: models.OwnerRelease, Ref: "openstack@1.0"}
+	dep := models.GraphOwner{Kind: models.OwnerDeployment, Ref: "prod"}
+	graphs := func() int64 { return count(t, s, &models.Graph{}) }
+	start := graphs()
+
+	// Bad input, before anything is written.
+	_, err := s.CreateGraph(ctx, dep, "Bad Type", models.GraphInput{})
+	requireInput(t, err, "type")
+	_, err = s.CreateGraph(ctx, dep, "custom", models.GraphInput{Type: "other"})
+	requireInput(t, err, "type")
+	_, err = s.CreateGraph(ctx, dep, "custom", models.GraphInput{Tasks: []plan.Task{{ID: "a"}, {ID: "a"}}})
+	ie := requireInput(t, err, "tasks")
+	assert.Contains(t, ie.Reason, "duplicate task id")
+	_, err = s.CreateGraph(ctx, dep, "custom", models.GraphInput{Tasks: []plan.Task{{ID: "a", Tags: []string{"/[/"}}}})
+	requireInput(t, err, "tasks")
+	// A release is the base level: it may name only its own tasks.
+	_, err = s.CreateGraph(ctx, rel, "custom", models.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"elsewhere"}}}})
+	ie = requireInput(t, err, "tasks")
+	assert.Contains(t, ie.Reason, `unknown task "elsewhere"`)
+	// A deployment may name the release's tasks, but not unknown ones.
+	_, err = s.CreateGraph(ctx, dep, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"nowhere"}}}})
+	ie = requireInput(t, err, "tasks")
+	assert.Contains(t, ie.Reason, `merged into graph "deployment" of deployment "prod"`)
+	assert.Equal(t, "prod", ie.Details["deployment"])
+	_, err = s.CreateGraph(ctx, models.GraphOwner{Kind: models.OwnerDeployment, Ref: "nope"}, "custom", models.GraphInput{})
+	assert.ErrorIs(t, err, models.ErrNotFound)
+	_, err = s.PatchGraph(ctx, dep, "deployment", models.GraphInput{Name: strp("x")})
+	assert.ErrorIs(t, err, models.ErrNotFound)
+	assert.ErrorIs(t, s.DeleteGraph(ctx, dep, "deployment"), models.ErrNotFound)
+	assert.Equal(t, start, graphs(), "nothing written")
+
+	// Create, conflict, patch, replace, delete.
+	g, err := s.CreateGraph(ctx, dep, "deployment", models.GraphInput{
+		Name: strp("local"), Metadata: map[string]any{"a": 1.0},
+		Tasks: []plan.Task{{ID: "smoke", Tags: []string{"api"}, Requires: []string{"db"}}},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "local", g.Name)
+	_, err = s.CreateGraph(ctx, dep, "deployment", models.GraphInput{})
+	requireConflict(t, err)
+
+	g, err = s.PatchGraph(ctx, dep, "deployment", models.GraphInput{
+		Metadata: map[string]any{"b": "two"},
+		Tasks: []plan.Task{
+			{ID: "smoke", Tags: []string{"api"}, Requires: []string{"db"}, Parameters: plan.Parameters{Cmd: "echo smoke"}},
+			{ID: "extra", Tags: []string{"db"}},
+		},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "local", g.Name, "name kept when not given")
+	assert.Equal(t, map[string]any{"a": 1.0, "b": "two"}, g.Metadata)
+	assert.Equal(t, []string{"smoke", "extra"}, taskIDs(g.Tasks))
+	assert.Equal(t, "echo smoke", g.Tasks[0].Parameters.Cmd)
+	_, err = s.PatchGraph(ctx, dep, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "extra", Requires: []string{"nowhere"}}}})
+	requireInput(t, err, "tasks")
+	stored, err := s.OwnGraph(ctx, dep, "deployment")
+	require.NoError(t, err)
+	assert.Equal(t, g.Tasks, stored.Tasks, "a refused patch writes nothing")
+
+	// The release cannot drop a task the deployment's graph needs.
+	_, _, err = s.ReplaceGraph(ctx, rel, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "setup"}}})
+	ie = requireInput(t, err, "tasks")
+	assert.Contains(t, ie.Reason, `unknown task "db"`)
+	requireConflict(t, s.DeleteGraph(ctx, rel, "deployment"))
+
+	g, created, err := s.ReplaceGraph(ctx, dep, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "only"}}})
+	require.NoError(t, err)
+	assert.False(t, created)
+	assert.Equal(t, "", g.Name, "PUT replaces the whole graph")
+	assert.Empty(t, g.Metadata)
+	_, created, err = s.ReplaceGraph(ctx, dep, "custom", models.GraphInput{})
+	require.NoError(t, err)
+	assert.True(t, created)
+	require.NoError(t, s.DeleteGraph(ctx, dep, "custom"))
+	assert.ErrorIs(t, s.DeleteGraph(ctx, dep, "custom"), models.ErrNotFound)
+
+	// Plugins: validation, conflicts, and enabling a plugin whose graph
+	// does not fit the deployment.
+	_, err = s.CreatePlugin(ctx, models.PluginInput{Version: "1"})
+	requireInput(t, err, "name")
+	_, err = s.CreatePlugin(ctx, models.PluginInput{Name: "42", Version: "1"})
+	requireInput(t, err, "name")
+	_, err = s.CreatePlugin(ctx, models.PluginInput{Name: "lma"})
+	requireInput(t, err, "version")
+	p, err := s.CreatePlugin(ctx, models.PluginInput{Name: "lma", Version: "1"})
+	require.NoError(t, err)
+	_, err = s.CreatePlugin(ctx, models.PluginInput{Name: "lma", Version: "1"})
+	requireConflict(t, err)
+	_, err = s.CreateGraph(ctx, pluginOwner(p), "deployment", models.GraphInput{
+		Tasks: []plan.Task{{ID: "collector", Requires: []string{"not-in-release"}}},
+	})
+	require.NoError(t, err, "a plugin's references are checked where it is enabled")
+	requireConflict(t, s.EnablePlugin(ctx, "prod", "lma"))
+	plugins, err := s.DeploymentPlugins(ctx, "prod")
+	require.NoError(t, err)
+	assert.Empty(t, plugins)
+	assert.ErrorIs(t, s.EnablePlugin(ctx, "prod", "nope"), models.ErrNotFound)
+	assert.ErrorIs(t, s.EnablePlugin(ctx, "nope", "lma"), models.ErrNotFound)
+}

@@ -1,0 +1,103 @@
+package models_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/models"
+)
+
+// TestSkipUnchangedTasks: a task whose definition and node are unchanged
+// since its last successful run there is planned as skipped, unless forced;
+// a changed task, or one that never succeeded, runs.
+func TestSkipUnchangedTasks(t *testing.T) {
+	f := newFixture(t)
+	first := f.execute(t, models.ExecuteInput{})
+	_, err := f.store.PlanGraph(f.ctx, first.ID, 0)
+	require.NoError(t, err)
+	runs := f.runsByLabel(t, first)
+	for label, r := range runs {
+		if label == "nova@"+cmpName {
+			continue // never succeeds
+		}
+		require.NoError(t, f.store.SucceedNoOp(f.ctx, r.ID))
+	}
+
+	second := f.execute(t, models.ExecuteInput{})
+	_, err = f.store.PlanGraph(f.ctx, second.ID, 0)
+	require.NoError(t, err)
+	got := f.runsByLabel(t, second)
+	assert.Equal(t, models.RunSkipped, got["setup@"+ctlName].State)
+	assert.Equal(t, models.RunSkipped, got["db@"+ctlName].State)
+	assert.Equal(t, models.RunPending, got["nova@"+cmpName].State, "never succeeded: runs")
+	assert.Equal(t, runs["db@"+ctlName].InputsHash, got["db@"+ctlName].InputsHash)
+
+	forced := f.execute(t, models.ExecuteInput{Force: true})
+	_, err = f.store.PlanGraph(f.ctx, forced.ID, 0)
+	require.NoError(t, err)
+	for label, r := range f.runsByLabel(t, forced) {
+		assert.Equal(t, models.RunPending, r.State, "force runs %s", label)
+	}
+
+	// Changing the db task's command changes its inputs: it runs again.
+	spec := releaseSpec(t)
+	db := spec.Graphs["deployment"]
+	db.Tasks[1].Parameters.Cmd = "echo db v2"
+	spec.Graphs["deployment"] = db
+	_, err = f.store.ImportRelease(f.ctx, spec)
+	require.NoError(t, err)
+	changed := f.execute(t, models.ExecuteInput{})
+	_, err = f.store.PlanGraph(f.ctx, changed.ID, 0)
+	require.NoError(t, err)
+	got = f.runsByLabel(t, changed)
+	assert.Equal(t, models.RunPending, got["db@"+ctlName].State)
+	assert.Equal(t, models.RunSkipped, got["setup@"+ctlName].State)
+}
+
+// TestRoleWithoutTasks: a Crowbar-style role (no task selects it) runs as
+// one task named after it, after its parent role's task on another node.
+func TestRoleWithoutTasks(t *testing.T) {
+	store, ctx := newStore(t)
+	spec := models.ReleaseSpec{
+		Name: "crowbar",
+		RolesMetadata: map[string]models.RoleSpec{
+			"dns":      {Script: "echo dns"},
+			"ntp":      {},
+			"database": {Requires: []string{"dns"}, Script: "echo db"},
+		},
+	}
+	_, err := store.ImportRelease(ctx, spec)
+	require.NoError(t, err)
+	_, err = store.CreateDeployment(ctx, models.DeploymentInput{Name: "cb", Release: "crowbar"})
+	require.NoError(t, err)
+	for name, roles := range map[string][]string{"a.anneal.test": {"dns", "ntp"}, "b.anneal.test": {"database"}} {
+		_, _, err := store.CreateNode(ctx, models.NodeInput{Name: name}, true)
+		require.NoError(t, err)
+		dep := "cb"
+		_, err = store.UpdateNode(ctx, name, models.NodeUpdate{Deployment: &dep, Roles: &roles})
+		require.NoError(t, err)
+	}
+	// The release has no graphs at all: its roles make the deployment graph.
+	txn, err := store.CreateTransaction(ctx, models.ExecuteInput{Deployment: "cb", Graphs: []models.GraphRequest{{Type: "deployment"}}},
+		func(*models.Transaction) error { return nil })
+	require.NoError(t, err)
+	_, err = store.PlanGraph(ctx, txn.ID, 0)
+	require.NoError(t, err)
+	runs, err := store.Runs(ctx, txn.ID, models.RunFilter{})
+	require.NoError(t, err)
+	got := map[string]models.TaskRun{}
+	for _, r := range runs {
+		got[r.TaskName+"@"+r.NodeName] = r
+	}
+	require.Len(t, got, 3)
+	assert.Equal(t, "echo dns", got["dns@a.anneal.test"].Spec.Cmd)
+	assert.Equal(t, "noop", got["ntp@a.anneal.test"].TaskType)
+	db := got["database@b.anneal.test"]
+	assert.Equal(t, "echo db", db.Spec.Cmd)
+	plan, err := store.NodePlan(ctx, txn.ID, 0, db.NodeID)
+	require.NoError(t, err)
+	require.Len(t, plan.Runs, 1)
+	assert.Equal(t, []int64{got["dns@a.anneal.test"].ID}, plan.Runs[0].Remote, "database waits for dns on the other node")
+}

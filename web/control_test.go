@@ -1,0 +1,108 @@
+package web_test
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/dev/testenv"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// TestStopThroughTheAPI: POST /stop lets the running task finish, cancels
+// the rest, and the transaction ends stopped; stopping it again is a 409.
+func TestStopThroughTheAPI(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	setup(t, st, map[string][]string{"ctl": {"controller"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "slow"}}})
+	require.Eventually(t, func() bool {
+		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == models.RunRunning
+	}, 20*time.Second, 50*time.Millisecond)
+	status, body := st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/stop", nil, nil)
+	require.Equal(t, http.StatusAccepted, status, "%s", body)
+	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
+	assert.Equal(t, models.TxStopped, tx.Status)
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	assert.Equal(t, models.RunSucceeded, runs["long@"+nodeName("ctl")].State)
+	assert.Equal(t, models.RunCancelled, runs["next@"+nodeName("ctl")].State)
+	status, _ = st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/stop", nil, nil)
+	assert.Equal(t, http.StatusConflict, status)
+}
+
+// TestRetryResumesFromTheFailedTask: POST /retry reruns the failed task and
+// its blocked descendant, not the task that had succeeded.
+func TestRetryResumesFromTheFailedTask(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	agents := setup(t, st, map[string][]string{"ctl": {"controller"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "fixable"}}})
+	require.Equal(t, models.TxError, waitDone(t, st, ans.TaskUUID, 30*time.Second).Status)
+	status, _ := st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/retry", nil, nil)
+	require.Equal(t, http.StatusAccepted, status)
+	require.Equal(t, models.TxError, waitDone(t, st, ans.TaskUUID, 30*time.Second).Status, "still broken")
+
+	require.NoError(t, os.WriteFile(filepath.Join(agents["ctl"].WorkDir, "fixed"), nil, 0o644))
+	status, body := st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/retry", nil, nil)
+	require.Equal(t, http.StatusAccepted, status, "%s", body)
+	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	for _, task := range []string{"prepare", "needs-fix", "after-fix"} {
+		assert.Equal(t, models.RunSucceeded, runs[task+"@"+nodeName("ctl")].State, task)
+	}
+	prepared, err := os.ReadFile(filepath.Join(agents["ctl"].WorkDir, "prepared"))
+	require.NoError(t, err)
+	assert.Equal(t, "once\n", string(prepared), "the task that had succeeded did not run again")
+	assert.Equal(t, 3, runs["needs-fix@"+nodeName("ctl")].Attempt, "one attempt per execution")
+
+	status, _ = st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/retry", nil, nil)
+	assert.Equal(t, http.StatusConflict, status, "a transaction that succeeded has nothing to retry")
+}
+
+// TestFailureThresholdStopsTheOtherNodes: with a threshold of 0%, the first
+// failed node stops the others; their running task finishes, the rest is
+// cancelled, and the transaction says why.
+func TestFailureThresholdStopsTheOtherNodes(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	setup(t, st, map[string][]string{"bad": {"broken"}, "c1": {"compute"}, "c2": {"compute"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "failure_threshold": 0,
+		"graphs": []map[string]any{{"type": "valves"}}})
+	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	assert.Equal(t, models.TxError, tx.Status)
+	assert.Contains(t, tx.Error, "failure threshold of 0%")
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	assert.Equal(t, models.RunFailed, runs["boom@"+nodeName("bad")].State)
+	for _, n := range []string{"c1", "c2"} {
+		assert.Equal(t, models.RunSucceeded, runs["slow@"+nodeName(n)].State, n)
+		assert.Equal(t, models.RunCancelled, runs["after-slow@"+nodeName(n)].State, n)
+	}
+
+	status, body := st.Do(t, http.MethodPost, "/api/v1/graphs/execute",
+		map[string]any{"deployment": "d1", "failure_threshold": 101, "graphs": []map[string]any{{"type": "valves"}}}, nil)
+	assert.Equal(t, http.StatusUnprocessableEntity, status)
+	assert.Contains(t, string(body), `"field":"failure_threshold"`)
+}
+
+// TestConcurrencyCap: with max_nodes_in_flight 1 the nodes take their turn.
+func TestConcurrencyCap(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	setup(t, st, map[string][]string{"c1": {"compute"}, "c2": {"compute"}, "c3": {"compute"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "solo", "max_nodes_in_flight": 1}}})
+	require.Equal(t, models.TxReady, waitDone(t, st, ans.TaskUUID, 60*time.Second).Status)
+	var runs []models.TaskRun
+	for key, r := range runsByKey(t, st, ans.TaskUUID, "") {
+		require.True(t, strings.HasPrefix(key, "solo@"))
+		runs = append(runs, r)
+	}
+	require.Len(t, runs, 3)
+	sort.Slice(runs, func(i, j int) bool { return runs[i].StartedAt.Before(*runs[j].StartedAt) })
+	for i := 1; i < len(runs); i++ {
+		assert.False(t, runs[i].StartedAt.Before(*runs[i-1].FinishedAt), "%s overlapped %s", runs[i].NodeName, runs[i-1].NodeName)
+	}
+}

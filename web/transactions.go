@@ -1,0 +1,72 @@
+package web
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+	"go.temporal.io/sdk/client"
+
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+// startTransaction validates an execute request, records the transaction
+// and starts its workflow, all or nothing (the workflow start happens inside
+// the database transaction that records it). Both POST /graphs/execute and
+// POST /scenarios/:name/execute go through it. memo adds entries to the
+// workflow's memo; label, when set, prefixes the workflow's summary (e.g.
+// "scenario deploy-changes").
+func (s *Server) startTransaction(ctx context.Context, in models.ExecuteInput, label string, memo map[string]any) (*models.Transaction, error) {
+	txn, err := s.cfg.Store.CreateTransaction(ctx, in, func(txn *models.Transaction) error {
+		types := make([]string, len(txn.Graphs))
+		for i, g := range txn.Graphs {
+			types[i] = g.Type
+		}
+		m := map[string]any{"deployment": in.Deployment, "graphs": types, "dry_run": txn.DryRun}
+		maps.Copy(m, memo)
+		summary := fmt.Sprintf("%s on deployment %s", strings.Join(types, " → "), in.Deployment)
+		if label != "" {
+			summary = label + ": " + summary
+		}
+		opts := client.StartWorkflowOptions{
+			ID:            txn.WorkflowID,
+			TaskQueue:     s.cfg.TaskQueue,
+			Memo:          m,
+			StaticSummary: summary,
+		}
+		input := workflows.TransactionInput{
+			TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,
+		}
+		if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
+			return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the transaction workflow; nothing was recorded: "+err.Error())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	attrs := []any{"transaction", txn.ID, "workflow_id", txn.WorkflowID, "deployment", in.Deployment}
+	if label != "" {
+		attrs = append(attrs, "started_by", label)
+	}
+	s.log.Info("transaction started", attrs...)
+	return txn, nil
+}
+
+// transactionAccepted is the 202 answer to a started transaction, with
+// extra entries merged in.
+func transactionAccepted(c echo.Context, txn *models.Transaction, extra map[string]any) error {
+	body := map[string]any{
+		"task_uuid": txn.ID, "workflow_id": txn.WorkflowID, "status": txn.Status,
+		"links": map[string]string{
+			"self": "/api/v1/transactions/" + txn.ID.String(),
+			"runs": "/api/v1/transactions/" + txn.ID.String() + "/runs",
+		},
+	}
+	maps.Copy(body, extra)
+	return c.JSON(http.StatusAccepted, body)
+}
