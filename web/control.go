@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"go.temporal.io/sdk/client"
 
 	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/workflows"
 )
 
 // stopTransaction is POST /transactions/:uuid/stop: it cancels the
@@ -53,21 +51,11 @@ func (s *Server) retryTransaction(c echo.Context) error {
 		closing, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		_ = s.cfg.Temporal.GetWorkflow(closing, txn.WorkflowID, "").Get(closing, nil)
-		opts := client.StartWorkflowOptions{
-			ID: txn.WorkflowID, TaskQueue: s.cfg.TaskQueue,
-			WorkflowExecutionErrorWhenAlreadyStarted: true,
-			Memo:                                     map[string]any{"retry": true},
-			StaticSummary:                            fmt.Sprintf("retry of transaction %s", txn.ID),
-		}
-		input := workflows.TransactionInput{TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec}
-		if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
-			return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the workflow again; nothing changed: "+err.Error())
-		}
-		return nil
+		return s.startWorkflow(ctx, txn, fmt.Sprintf("retry of transaction %s", txn.ID), map[string]any{"retry": true})
 	})
 	if err != nil {
 		return err
 	}
 	s.log.Info("transaction retried", "transaction", id, "workflow_id", txn.WorkflowID)
-	return c.JSON(http.StatusAccepted, map[string]any{"task_uuid": id, "workflow_id": txn.WorkflowID, "status": txn.Status})
+	return transactionAccepted(c, txn, nil)
 }

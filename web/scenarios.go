@@ -92,7 +92,7 @@ func (s *Server) executeScenarioHandler(c echo.Context) error {
 
 // executeScenario evaluates a scenario's acts over the deployment's nodes
 // and starts them as one transaction (one graph per act that selects a
-// node). It is what committing a snapshot calls with "deploy-changes".
+// node). Committing a snapshot should start "deploy-changes" through it.
 func (s *Server) executeScenario(ctx context.Context, name string, in models.ScenarioExecuteInput) (*models.Transaction, *models.ScenarioPlan, error) {
 	sp, err := s.cfg.Store.PrepareScenario(ctx, name, in)
 	if err != nil {

@@ -32,19 +32,7 @@ func (s *Server) startTransaction(ctx context.Context, in models.ExecuteInput, l
 		if label != "" {
 			summary = label + ": " + summary
 		}
-		opts := client.StartWorkflowOptions{
-			ID:            txn.WorkflowID,
-			TaskQueue:     s.cfg.TaskQueue,
-			Memo:          m,
-			StaticSummary: summary,
-		}
-		input := workflows.TransactionInput{
-			TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,
-		}
-		if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
-			return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the transaction workflow; nothing was recorded: "+err.Error())
-		}
-		return nil
+		return s.startWorkflow(ctx, txn, summary, m)
 	})
 	if err != nil {
 		return nil, err
@@ -55,6 +43,25 @@ func (s *Server) startTransaction(ctx context.Context, in models.ExecuteInput, l
 	}
 	s.log.Info("transaction started", attrs...)
 	return txn, nil
+}
+
+// startWorkflow starts a transaction's workflow under its readable ID. It
+// fails, rather than attaching to it, if a run with that ID is still open.
+func (s *Server) startWorkflow(ctx context.Context, txn *models.Transaction, summary string, memo map[string]any) error {
+	opts := client.StartWorkflowOptions{
+		ID:                                       txn.WorkflowID,
+		TaskQueue:                                s.cfg.TaskQueue,
+		Memo:                                     memo,
+		StaticSummary:                            summary,
+		WorkflowExecutionErrorWhenAlreadyStarted: true,
+	}
+	input := workflows.TransactionInput{
+		TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,
+	}
+	if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
+		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the transaction workflow; nothing was recorded: "+err.Error())
+	}
+	return nil
 }
 
 // transactionAccepted is the 202 answer to a started transaction, with

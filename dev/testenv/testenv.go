@@ -27,6 +27,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/worker/server"
 )
@@ -139,6 +140,7 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	log := Logger(t)
 	store, dbURL := Store(t)
 	tc := TemporalClient(t)
+	require.NoError(t, models.EnsureBuiltinScenarios(context.Background(), store, scenarios.Builtins()...))
 	queue := "anneal-test-" + uuid.NewString()[:8]
 	st := &Stack{Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue, log: log}
 	st.StartWorker(t)

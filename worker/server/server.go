@@ -16,6 +16,7 @@ import (
 
 	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/workflows"
 )
@@ -74,6 +75,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	store := &models.Store{DB: db, Domain: cfg.Domain}
+	if err := models.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...); err != nil {
+		return err
+	}
 	tc, err := client.DialContext(ctx, client.Options{
 		HostPort: cfg.TemporalAddress, Namespace: cfg.Namespace, Logger: log.NewStructuredLogger(cfg.Log),
 	})
