@@ -528,3 +528,23 @@ func (s *Store) RejectLateResult(ctx context.Context, runID int64, attempt int, 
 }
 
 func stripNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }
+
+// RunOutputs are the outputs of one finished run.
+type RunOutputs struct {
+	TaskName string
+	NodeName string
+	Outputs  map[string]string `gorm:"serializer:json"`
+}
+
+// TransactionOutputs lists the outputs of a transaction's succeeded runs, in
+// the order they finished (a later run of the same task wins when mapped).
+func (s *Store) TransactionOutputs(ctx context.Context, id uuid.UUID) ([]RunOutputs, error) {
+	var out []RunOutputs
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Select("task_name", "node_name", "outputs").
+		Where("transaction_id = ? AND state = ? AND outputs <> '{}'::jsonb", id, RunSucceeded).
+		Order("finished_at, id").Find(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("load outputs of transaction %s: %w", id, err)
+	}
+	return out, nil
+}

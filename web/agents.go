@@ -2,11 +2,13 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -81,7 +83,11 @@ func (s *Server) agentWork(c echo.Context) error {
 		}
 		if len(runs) > 0 || wait == 0 {
 			cancel()
-			return c.JSON(http.StatusOK, workResponse(runs))
+			resp, err := s.workResponse(ctx, runs)
+			if err != nil {
+				return err
+			}
+			return c.JSON(http.StatusOK, resp)
 		}
 		recheck := time.NewTimer(pollRecheck)
 		select {
@@ -101,15 +107,64 @@ func (s *Server) agentWork(c echo.Context) error {
 	}
 }
 
-func workResponse(runs []models.TaskRun) protocol.WorkResponse {
+// workResponse hands out claimed runs with the outputs their transaction
+// has produced so far (earlier graphs, earlier tasks) in their environment.
+func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (protocol.WorkResponse, error) {
 	out := protocol.WorkResponse{Runs: make([]protocol.WorkItem, 0, len(runs))}
 	for _, r := range runs {
+		outputs, err := s.cfg.Store.TransactionOutputs(ctx, r.TransactionID)
+		if err != nil {
+			return out, err
+		}
 		out.Runs = append(out.Runs, protocol.WorkItem{
 			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
 			Task: r.TaskName, Type: r.TaskType, Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
+			Env: outputEnv(outputs, r.NodeName),
 		})
 	}
-	return out
+	return out, nil
+}
+
+// maxContextBytes bounds ANNEAL_CONTEXT, which travels in the environment.
+const maxContextBytes = 64 << 10
+
+// outputEnv makes the outputs of a transaction's finished runs visible to a
+// task: ANNEAL_OUT_<TASK>_<KEY> for the runs of its own node, and
+// ANNEAL_CONTEXT, a JSON object {"task@node": {"key": "value"}} of all.
+func outputEnv(outputs []models.RunOutputs, node string) map[string]string {
+	if len(outputs) == 0 {
+		return nil
+	}
+	env := map[string]string{}
+	all := map[string]map[string]string{}
+	for _, o := range outputs {
+		all[o.TaskName+"@"+o.NodeName] = o.Outputs
+		if o.NodeName != node {
+			continue
+		}
+		for k, v := range o.Outputs {
+			env["ANNEAL_OUT_"+envName(o.TaskName)+"_"+envName(k)] = v
+		}
+	}
+	if raw, err := json.Marshal(all); err == nil && len(raw) <= maxContextBytes {
+		env["ANNEAL_CONTEXT"] = string(raw)
+	} else {
+		env["ANNEAL_CONTEXT_TRUNCATED"] = "1"
+	}
+	return env
+}
+
+// envName turns a task or output name into an environment variable part.
+func envName(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		}
+		return '_'
+	}, s)
 }
 
 func runIDParam(c echo.Context) (int64, error) {

@@ -106,3 +106,23 @@ func TestConcurrencyCap(t *testing.T) {
 		assert.False(t, runs[i].StartedAt.Before(*runs[i-1].FinishedAt), "%s overlapped %s", runs[i].NodeName, runs[i-1].NodeName)
 	}
 }
+
+// TestSecondGraphReadsTheFirstGraphsOutputs: a two-graph transaction runs
+// the graphs in order, and the second graph's tasks see the outputs of the
+// first: their own node's as ANNEAL_OUT_<TASK>_<KEY>, everyone's in
+// ANNEAL_CONTEXT.
+func TestSecondGraphReadsTheFirstGraphsOutputs(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	setup(t, st, map[string][]string{"ctl": {"controller"}, "cmp": {"compute"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1",
+		"graphs": []map[string]any{{"type": "produce"}, {"type": "consume"}}})
+	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	mint, use := runs["mint@"+nodeName("ctl")], runs["use@"+nodeName("ctl")]
+	assert.Equal(t, 0, mint.GraphIndex)
+	assert.Equal(t, 1, use.GraphIndex)
+	assert.False(t, use.StartedAt.Before(*mint.FinishedAt))
+	assert.Contains(t, use.StdoutTail, "got abc-"+nodeName("ctl"))
+	assert.Contains(t, runs["peer@"+nodeName("cmp")].StdoutTail, "saw the controller token")
+}

@@ -85,6 +85,19 @@ graphs:
         tags: [hypervisor]
         requires: [slow]
         parameters: {cmd: "echo after", timeout: 30}
+  produce:
+    tasks:
+      - id: mint
+        tags: [controller]
+        parameters: {cmd: "echo token=abc-$ANNEAL_NODE >> $ANNEAL_OUTPUTS", timeout: 30}
+  consume:
+    tasks:
+      - id: use
+        tags: [controller]
+        parameters: {cmd: "test \"$ANNEAL_OUT_MINT_TOKEN\" = \"abc-$ANNEAL_NODE\" && echo got $ANNEAL_OUT_MINT_TOKEN", timeout: 30}
+      - id: peer
+        tags: [hypervisor]
+        parameters: {cmd: "echo \"$ANNEAL_CONTEXT\" | grep -q '\"token\":\"abc-' && echo saw the controller token", timeout: 30}
   solo:
     tasks:
       - id: solo
