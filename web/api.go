@@ -179,6 +179,41 @@ type executeRequest struct {
 	Force            bool                  `json:"force"`
 	MaxNodesInFlight int                   `json:"max_nodes_in_flight"`
 	FailureThreshold *int                  `json:"failure_threshold"`
+
+	// The flags of `fuel2 graph execute`, mapped onto graphs: --env
+	// (cluster), --graph-types, --nodes, --task-names.
+	Cluster    ref      `json:"cluster"`
+	GraphTypes []string `json:"graph_types"`
+	Nodes      []int64  `json:"nodes"`
+	TaskNames  []string `json:"task_names"`
+}
+
+// toInput maps the request, including its fuel2-style flags, onto one
+// execute input.
+func (r executeRequest) toInput() (models.ExecuteInput, error) {
+	in := models.ExecuteInput{Deployment: string(r.Deployment), Graphs: r.Graphs, DryRun: r.DryRun, Force: r.Force,
+		MaxNodesInFlight: r.MaxNodesInFlight, FailureThreshold: r.FailureThreshold}
+	if r.Cluster != "" {
+		if in.Deployment != "" {
+			return in, models.Invalid("cluster", "give either deployment or cluster (its Fuel name), not both")
+		}
+		in.Deployment = string(r.Cluster)
+	}
+	flags := len(r.GraphTypes) > 0 || len(r.Nodes) > 0 || len(r.TaskNames) > 0
+	if !flags {
+		return in, nil
+	}
+	if len(r.Graphs) > 0 {
+		return in, models.Invalid("graph_types", "give either graphs or the flags graph_types/nodes/task_names, not both")
+	}
+	types := r.GraphTypes
+	if len(types) == 0 {
+		types = []string{"deployment"} // fuel2's default graph type
+	}
+	for _, typ := range types {
+		in.Graphs = append(in.Graphs, models.GraphRequest{Type: typ, Nodes: r.Nodes, Tasks: r.TaskNames})
+	}
+	return in, nil
 }
 
 // execute is POST /graphs/execute: validate, record the transaction and
@@ -189,8 +224,10 @@ func (s *Server) execute(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	in := models.ExecuteInput{Deployment: string(req.Deployment), Graphs: req.Graphs, DryRun: req.DryRun, Force: req.Force,
-		MaxNodesInFlight: req.MaxNodesInFlight, FailureThreshold: req.FailureThreshold}
+	in, err := req.toInput()
+	if err != nil {
+		return err
+	}
 	txn, err := s.startTransaction(ctx, in, "", nil)
 	if err != nil {
 		return err

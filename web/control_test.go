@@ -126,3 +126,45 @@ func TestSecondGraphReadsTheFirstGraphsOutputs(t *testing.T) {
 	assert.Contains(t, use.StdoutTail, "got abc-"+nodeName("ctl"))
 	assert.Contains(t, runs["peer@"+nodeName("cmp")].StdoutTail, "saw the controller token")
 }
+
+// TestFuelClientFlags: the flags of `fuel2 graph execute` (--env, --nodes,
+// --graph-types, --task-names, --dry-run) map onto the execute call.
+func TestFuelClientFlags(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	setup(t, st, map[string][]string{"ctl": {"controller"}, "cmp": {"compute"}})
+	var node models.Node
+	status, _ := st.Do(t, http.MethodGet, "/api/v1/nodes/"+nodeName("ctl"), nil, &node)
+	require.Equal(t, http.StatusOK, status)
+	ans := execute(t, st, map[string]any{"cluster": "d1", "graph_types": []string{"deployment", "fixable"},
+		"nodes": []int64{node.ID}, "dry_run": true})
+	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+	assert.Equal(t, []models.GraphRequest{
+		{Type: "deployment", Nodes: []int64{node.ID}},
+		{Type: "fixable", Nodes: []int64{node.ID}},
+	}, tx.Graphs)
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	assert.ElementsMatch(t, []string{"base", "database", "api", "prepare", "needs-fix", "after-fix"}, taskNames(runs),
+		"only the controller's tasks: the compute node is not in --nodes")
+	for _, r := range runs {
+		assert.Equal(t, models.RunPlanned, r.State, "a dry run touches no node")
+	}
+
+	// --task-names runs only those tasks (fuel2's default graph type).
+	ans = execute(t, st, map[string]any{"cluster": "d1", "task_names": []string{"api"}, "dry_run": true})
+	require.Equal(t, models.TxReady, waitDone(t, st, ans.TaskUUID, 30*time.Second).Status)
+	assert.Equal(t, []string{"api@" + nodeName("ctl")}, keys(runsByKey(t, st, ans.TaskUUID, "")))
+
+	status, body := st.Do(t, http.MethodPost, "/api/v1/graphs/execute",
+		map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}, "graph_types": []string{"deployment"}}, nil)
+	assert.Equal(t, http.StatusUnprocessableEntity, status, "%s", body)
+	assert.Contains(t, string(body), `"field":"graph_types"`)
+}
+
+func taskNames(runs map[string]models.TaskRun) []string {
+	var out []string
+	for _, r := range runs {
+		out = append(out, r.TaskName)
+	}
+	return out
+}
