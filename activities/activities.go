@@ -201,3 +201,24 @@ func (a *Activities) FinishTransaction(ctx context.Context, in FinishInput) (*Tr
 func (a *Activities) RecordNoOp(ctx context.Context, runID int64) error {
 	return a.Store.SucceedNoOp(ctx, runID)
 }
+
+// NodeGraphEnd says how a node's share of a graph ended.
+type NodeGraphEnd struct {
+	NodeRef
+	Outcome string `json:"outcome"` // models.OutcomeSuccess, OutcomeError or OutcomeStop
+}
+
+// StartNodeGraph marks the node busy with the graph (progress 0).
+func (a *Activities) StartNodeGraph(ctx context.Context, ref NodeRef) error {
+	return a.Store.StartNodeGraph(ctx, ref.NodeID)
+}
+
+// FinishNodeGraph applies the graph's on_success/on_error/on_stop callback
+// to the node's attributes and resets its progress.
+func (a *Activities) FinishNodeGraph(ctx context.Context, end NodeGraphEnd) error {
+	id, err := end.uuid()
+	if err != nil {
+		return err
+	}
+	return a.Store.FinishNodeGraph(ctx, id, end.GraphIndex, end.NodeID, end.Outcome)
+}

@@ -84,7 +84,8 @@ const (
 	NodeDeployed    = "deployed"
 )
 
-// Node is a machine anneal manages, named by its FQDN.
+// Node is a machine anneal manages, named by its FQDN. Its JSON carries the
+// stored status and the computed one (see ComputedStatus).
 type Node struct {
 	ID             int64          `json:"id"`
 	Name           string         `json:"name"`

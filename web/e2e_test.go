@@ -35,6 +35,10 @@ roles_metadata:
   broken: {tags: [flaky]}
 graphs:
   deployment:
+    metadata:
+      on_success: {node_attributes: {status: ready, deployed_by: anneal}}
+      on_error: {node_attributes: {status: error, error_type: deploy}}
+      on_stop: null
     tasks:
       - id: base
         tags: ["/.*/"]
@@ -211,6 +215,24 @@ func TestExecuteThreeNodes(t *testing.T) {
 	assert.Equal(t, 3, *fails.ExitCode)
 	assert.Contains(t, fails.StderrTail, "about to fail")
 	assert.Equal(t, models.RunBlocked, runs["after-fails@"+nodeName("odd")].State)
+
+	// The graph's callbacks set the nodes' status (Fuel's "ready" is
+	// stored as deployed; "error" is computed from error_type).
+	for n, want := range map[string][2]string{"ctl": {"deployed", "deployed"}, "cmp": {"deployed", "deployed"}, "odd": {"discover", "error"}} {
+		var node struct {
+			models.Node
+			ComputedStatus string `json:"computed_status"`
+		}
+		status, body := st.Do(t, http.MethodGet, "/api/v1/nodes/"+nodeName(n), nil, &node)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+		assert.Equal(t, want[0], node.Status, n)
+		assert.Equal(t, want[1], node.ComputedStatus, n)
+		assert.Equal(t, 100, node.Progress, n)
+	}
+	var odd models.Node
+	st.Do(t, http.MethodGet, "/api/v1/nodes/"+nodeName("odd"), nil, &odd)
+	require.NotNil(t, odd.ErrorType)
+	assert.Equal(t, "deploy", *odd.ErrorType)
 
 	// Filters of the runs listing.
 	failed := runsByKey(t, st, ans.TaskUUID, "?state=failed")

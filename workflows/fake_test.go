@@ -61,6 +61,8 @@ type fake struct {
 	checks   [][]int64
 	abandons []activities.NodeAbandon
 	finishes []activities.FinishInput
+	starts   []activities.NodeRef
+	ends     []activities.NodeGraphEnd
 	signals  []signal
 	inFlight int // RunTaskOnNode calls running at once
 	maxRuns  int
@@ -128,6 +130,16 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 				}
 			}
 			return &activities.RunOutcome{}, nil
+		})
+	env.OnActivity(a.StartNodeGraph, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, ref activities.NodeRef) error {
+			f.record(fmt.Sprintf("start node %d", ref.NodeID), func() { f.starts = append(f.starts, ref) })
+			return nil
+		})
+	env.OnActivity(a.FinishNodeGraph, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, end activities.NodeGraphEnd) error {
+			f.record(fmt.Sprintf("end node %d %s", end.NodeID, end.Outcome), func() { f.ends = append(f.ends, end) })
+			return nil
 		})
 	env.OnActivity(a.RecordNoOp, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, id int64) error {

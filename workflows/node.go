@@ -67,6 +67,11 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 	for _, r := range np.Runs {
 		n.state[r.ID] = r.State
 	}
+	if len(n.idsIn(models.RunPending)) > 0 {
+		if err := workflow.ExecuteLocalActivity(stateRead(ctx), StartNodeGraphActivity, ref).Get(ctx, nil); err != nil {
+			return nil, fmt.Errorf("mark node %s busy: %w", in.NodeName, err)
+		}
+	}
 	signals := workflow.GetSignalChannel(ctx, SignalRunsFinished)
 	poll := remotePollFirst
 	for {
@@ -137,10 +142,34 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 				n.state[id] = models.RunCancelled
 			}
 		}
+		if err := n.finish(ctx, models.OutcomeStop); err != nil {
+			return nil, err
+		}
 		log.Info("node workflow stopped", "node", in.NodeName)
 		return n.result(), temporal.NewCanceledError("transaction stopped")
 	}
-	return n.result(), nil
+	res := n.result()
+	outcome := models.OutcomeSuccess
+	if res.Failed > 0 || res.Blocked > 0 {
+		outcome = models.OutcomeError
+	}
+	if err := n.finish(ctx, outcome); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// finish applies the graph's callback for the outcome to the node (its
+// status, error type, attributes) and resets its progress; it runs even
+// when the transaction was stopped.
+func (n *nodeState) finish(ctx workflow.Context, outcome string) error {
+	dctx, cancel := workflow.NewDisconnectedContext(ctx)
+	defer cancel()
+	end := activities.NodeGraphEnd{NodeRef: activities.NodeRef{GraphRef: n.in.GraphRef, NodeID: n.in.NodeID}, Outcome: outcome}
+	if err := workflow.ExecuteLocalActivity(stateRead(dctx), FinishNodeGraphActivity, end).Get(dctx, nil); err != nil {
+		return fmt.Errorf("record the end of the graph on %s: %w", n.in.NodeName, err)
+	}
+	return nil
 }
 
 // nodeState is a node workflow's view of its runs.

@@ -63,8 +63,10 @@ func stateActivity(ctx workflow.Context) workflow.Context {
 // they are short, and running them in the worker spares the Temporal server
 // a round of scheduling per node (it records only their result).
 const (
-	LoadNodePlanActivity   = "LoadNodePlan"
-	CheckRunStatesActivity = "CheckRunStates"
+	LoadNodePlanActivity    = "LoadNodePlan"
+	CheckRunStatesActivity  = "CheckRunStates"
+	StartNodeGraphActivity  = "StartNodeGraph"
+	FinishNodeGraphActivity = "FinishNodeGraph"
 )
 
 // stateRead is for local activities that read Postgres; like stateActivity
