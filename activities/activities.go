@@ -30,6 +30,9 @@ const (
 type Activities struct {
 	Store *models.Store
 	Log   *slog.Logger
+	// OrchestratorDir is where master_shell tasks run (a directory per
+	// node); default <tmp>/anneal-orchestrator.
+	OrchestratorDir string
 }
 
 // GraphRef addresses one graph of a transaction.

@@ -197,6 +197,9 @@ func RunFinal(state string) bool {
 
 // RunSpec is what a run executes: the task's parameters as planned.
 type RunSpec struct {
+	// Jig is how the run reaches its node: JigAgent, JigOrchestrator or
+	// JigNone (nothing to execute).
+	Jig        string `json:"jig,omitempty"`
 	Cmd        string `json:"cmd,omitempty"`
 	TimeoutSec int    `json:"timeout_sec"`
 	Retries    int    `json:"retries"`

@@ -153,3 +153,55 @@ func (n Node) MarshalJSON() ([]byte, error) {
 		ComputedStatus string `json:"computed_status"`
 	}{plain(n), n.ComputedStatus()})
 }
+
+// StartLocalRun marks a run executed by the orchestrator running (a new
+// attempt, claimed at once so no agent takes it) and returns it with its
+// node. A run that already succeeded is returned unchanged.
+func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node, error) {
+	var run TaskRun
+	var node Node
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&run, runID).Error; err != nil {
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				return notFound("run", runID)
+			}
+			return fmt.Errorf("load run %d: %w", runID, err)
+		}
+		if err := tx.Take(&node, run.NodeID).Error; err != nil {
+			return fmt.Errorf("load node of run %d: %w", runID, err)
+		}
+		if run.State == RunSucceeded {
+			return nil
+		}
+		t := now()
+		run.State, run.Attempt, run.ClaimedAt, run.StartedAt, run.FinishedAt = RunRunning, run.Attempt+1, &t, &t, nil
+		run.ExitCode, run.Error = nil, ""
+		return tx.Model(&run).Select("state", "attempt", "claimed_at", "started_at", "finished_at", "exit_code", "error").
+			Updates(&run).Error
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return &run, &node, nil
+}
+
+// MoveToBootstrap returns a node to discovery: back in the system
+// deployment, without roles or tags, status discover and no error. Its
+// credential stays, so its agent carries on.
+func (s *Store) MoveToBootstrap(ctx context.Context, nodeID int64) error {
+	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		sys, err := findDeployment(tx, SystemDeployment)
+		if err != nil {
+			return err
+		}
+		node := Node{ID: nodeID, DeploymentID: sys.ID, Roles: []string{}, Tags: []string{}, Status: NodeDiscover, UpdatedAt: now()}
+		res := tx.Model(&node).Select("deployment_id", "roles", "tags", "status", "error_type", "updated_at").Updates(&node)
+		if res.Error != nil {
+			return fmt.Errorf("move node %d to bootstrap: %w", nodeID, res.Error)
+		}
+		if res.RowsAffected == 0 {
+			return notFound("node", nodeID)
+		}
+		return nil
+	})
+}

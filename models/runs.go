@@ -163,17 +163,20 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 	}
 	runs := make([]TaskRun, len(p.Runs))
 	for i, r := range p.Runs {
-		typ := r.Task.Kind()
-		timeout := r.Task.Parameters.Timeout
-		if timeout <= 0 {
-			timeout = DefaultTaskTimeoutSec
+		spec, err := runSpec(r.Task)
+		if err != nil {
+			return &PlanError{Reason: err.Error()}
 		}
 		hash := inputsHash(r)
 		runs[i] = TaskRun{
 			TransactionID: txn.ID, GraphIndex: gi, GraphType: graphType, NodeID: r.NodeID, NodeName: r.NodeName,
-			TaskName: r.Task.ID, TaskType: typ, Position: i, State: state, Outputs: map[string]string{},
-			Spec:       RunSpec{Cmd: r.Task.Parameters.Cmd, TimeoutSec: timeout, Retries: r.Task.Parameters.Retries},
-			InputsHash: hash,
+			TaskName: r.Task.ID, TaskType: r.Task.Kind(), Position: i, State: state, Outputs: map[string]string{},
+			Spec: spec, InputsHash: hash,
+		}
+		if r.Task.Kind() == TaskSkipped {
+			runs[i].State = RunSkipped
+			runs[i].Error = "skipped: the task's type is skipped"
+			continue
 		}
 		if !txn.Force && done[lcmKey{r.NodeID, r.Task.ID}] == hash {
 			runs[i].State = RunSkipped
@@ -249,6 +252,9 @@ type NodeRun struct {
 	Remote     []int64 `json:"remote,omitempty"`      // runs on other nodes
 	RemoteKids []Peer  `json:"remote_kids,omitempty"` // runs on other nodes waiting for this one
 	NoOp       bool    `json:"no_op,omitempty"`       // nothing to execute
+	// OnOrchestrator runs in the worker, not on the node (master_shell,
+	// move_to_bootstrap).
+	OnOrchestrator bool `json:"on_orchestrator,omitempty"`
 }
 
 // Peer names a run on another node.
@@ -281,7 +287,7 @@ func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64
 		index[r.ID] = i
 		out.Runs = append(out.Runs, NodeRun{
 			ID: r.ID, Task: r.TaskName, State: r.State, TimeoutSec: r.Spec.TimeoutSec, Retries: r.Spec.Retries,
-			NoOp: r.TaskType == "noop" || (r.TaskType == "shell" && r.Spec.Cmd == ""),
+			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator,
 		})
 	}
 	const edgeSQL = `

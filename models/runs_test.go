@@ -88,7 +88,7 @@ func TestPlanGraph(t *testing.T) {
 	setup := runs["setup@"+ctlName]
 	assert.Equal(t, models.RunPending, setup.State)
 	assert.Equal(t, "shell", setup.TaskType)
-	assert.Equal(t, models.RunSpec{Cmd: "echo setup", TimeoutSec: 30, Retries: 2}, setup.Spec)
+	assert.Equal(t, models.RunSpec{Jig: models.JigAgent, Cmd: "echo setup", TimeoutSec: 30, Retries: 2}, setup.Spec)
 	assert.Equal(t, models.DefaultTaskTimeoutSec, runs["db@"+ctlName].Spec.TimeoutSec)
 	assert.Less(t, runs["db@"+ctlName].Position, runs["nova@"+cmpName].Position, "plan order is topological")
 

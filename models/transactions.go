@@ -84,6 +84,14 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 			if _, err := plan.Build(graph.Tasks, nodes, plan.Options{Nodes: g.Nodes, Tasks: g.Tasks}); err != nil {
 				return planError(field, err)
 			}
+			for j := range graph.Tasks {
+				if graph.Tasks[j].IsMarker() {
+					continue
+				}
+				if _, err := runSpec(&graph.Tasks[j]); err != nil {
+					return Invalid(field+".type", "graph %q: %v", g.Type, err)
+				}
+			}
 		}
 		txn = &Transaction{
 			ID: uuid.New(), DeploymentID: dep.ID, Graphs: in.Graphs, DryRun: in.DryRun, Force: in.Force,

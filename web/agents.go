@@ -118,7 +118,8 @@ func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (proto
 		}
 		out.Runs = append(out.Runs, protocol.WorkItem{
 			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
-			Task: r.TaskName, Type: r.TaskType, Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
+			// Special tasks the agent runs were turned into shell at planning.
+			Task: r.TaskName, Type: "shell", Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
 			Env: outputEnv(outputs, r.NodeName),
 		})
 	}

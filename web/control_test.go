@@ -168,3 +168,49 @@ func taskNames(runs map[string]models.TaskRun) []string {
 	}
 	return out
 }
+
+// TestSpecialTasks: upload_file, sync and erase_node run on the node as
+// shell, master_shell runs on the orchestrator with the node's context,
+// skipped is recorded as skipped, move_to_bootstrap returns the node to
+// discovery, and reboot is refused as not supported yet.
+func TestSpecialTasks(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	agents := setup(t, st, map[string][]string{"ctl": {"controller"}, "cmp": {"compute"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "special"}}})
+	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	ctl := nodeName("ctl")
+	assert.Equal(t, "600\n", runs["check@"+ctl].StdoutTail, "the uploaded file, copied by sync, with its mode")
+	assert.Equal(t, models.RunSkipped, runs["not-now@"+ctl].State)
+	master := runs["on-master@"+ctl]
+	assert.Equal(t, models.RunSucceeded, master.State)
+	assert.Contains(t, master.StdoutTail, "node="+ctl+" roles=controller")
+	assert.Equal(t, map[string]string{"seen": ctl}, master.Outputs)
+	_, err := os.Stat(filepath.Join(agents["ctl"].WorkDir, "backup", "conf", "app.conf"))
+	assert.NoError(t, err, "sync ran on the node")
+
+	cmp := nodeName("cmp")
+	require.NoError(t, os.WriteFile(filepath.Join(agents["cmp"].WorkDir, "state-file"), []byte("x"), 0o644))
+	ans = execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "teardown"}}})
+	tx = waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+	_, err = os.Stat(filepath.Join(agents["cmp"].WorkDir, "state-file"))
+	assert.True(t, os.IsNotExist(err), "erase_node wiped the node's state")
+	_, err = os.Stat(filepath.Join(agents["cmp"].WorkDir, "credential.json"))
+	assert.NoError(t, err, "but kept its credential")
+	var node models.Node
+	status, _ := st.Do(t, http.MethodGet, "/api/v1/nodes/"+cmp, nil, &node)
+	require.Equal(t, http.StatusOK, status)
+	var system models.Deployment
+	st.Do(t, http.MethodGet, "/api/v1/deployments/system", nil, &system)
+	assert.Equal(t, system.ID, node.DeploymentID, "back in the system deployment")
+	assert.Empty(t, node.Roles)
+	assert.Empty(t, node.Tags)
+	assert.Equal(t, models.NodeDiscover, node.Status)
+
+	status, body := st.Do(t, http.MethodPost, "/api/v1/graphs/execute",
+		map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "rebooting"}}}, nil)
+	assert.Equal(t, http.StatusUnprocessableEntity, status)
+	assert.Contains(t, string(body), "reboot is not supported yet")
+}

@@ -102,6 +102,42 @@ graphs:
       - id: peer
         tags: [hypervisor]
         parameters: {cmd: "echo \"$ANNEAL_CONTEXT\" | grep -q '\"token\":\"abc-' && echo saw the controller token", timeout: 30}
+  special:
+    tasks:
+      - id: upload
+        type: upload_file
+        tags: [controller]
+        parameters: {path: "conf/app.conf", data: "port=80\n", permissions: "0600"}
+      - id: copy
+        type: sync
+        tags: [controller]
+        requires: [upload]
+        parameters: {src: conf, dst: backup/conf}
+      - id: check
+        tags: [controller]
+        requires: [copy]
+        parameters: {cmd: "grep -q port=80 backup/conf/app.conf && stat -c %a conf/app.conf"}
+      - id: not-now
+        type: skipped
+        tags: [controller]
+      - id: on-master
+        type: master_shell
+        tags: [controller]
+        parameters: {cmd: "echo node=$ANNEAL_NODE roles=$ANNEAL_NODE_ROLES && echo seen=$ANNEAL_NODE >> $ANNEAL_OUTPUTS"}
+  teardown:
+    tasks:
+      - id: erase
+        type: erase_node
+        tags: [hypervisor]
+      - id: to-bootstrap
+        type: move_to_bootstrap
+        tags: [hypervisor]
+        requires: [erase]
+  rebooting:
+    tasks:
+      - id: restart
+        type: reboot
+        tags: [controller]
   solo:
     tasks:
       - id: solo

@@ -293,7 +293,11 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 		},
 	})
 	input := activities.RunTaskInput{RunID: r.ID, Task: r.Task, Node: n.in.NodeName}
-	err := workflow.ExecuteActivity(actx, a.RunTaskOnNode, input).Get(ctx, nil)
+	jig := a.RunTaskOnNode
+	if r.OnOrchestrator {
+		jig = a.RunOnOrchestrator
+	}
+	err := workflow.ExecuteActivity(actx, jig, input).Get(ctx, nil)
 	if err == nil {
 		n.state[r.ID] = models.RunSucceeded
 		n.tellRemoteKids(ctx, []int64{r.ID})

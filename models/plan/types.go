@@ -94,6 +94,14 @@ type Parameters struct {
 	Timeout int `json:"timeout,omitempty" yaml:"timeout,omitempty"`
 	// Retries is how many times a failed run is retried.
 	Retries int `json:"retries,omitempty" yaml:"retries,omitempty"`
+	// Path, Data and Permissions describe an upload_file task: Data is
+	// written to Path on the node (Permissions in octal, e.g. "0644").
+	Path        string `json:"path,omitempty" yaml:"path,omitempty"`
+	Data        string `json:"data,omitempty" yaml:"data,omitempty"`
+	Permissions string `json:"permissions,omitempty" yaml:"permissions,omitempty"`
+	// Src and Dst describe a sync task: Src's contents are copied to Dst.
+	Src string `json:"src,omitempty" yaml:"src,omitempty"`
+	Dst string `json:"dst,omitempty" yaml:"dst,omitempty"`
 }
 
 // CrossDep is one cross-node dependency of a task.

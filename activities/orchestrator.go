@@ -1,0 +1,108 @@
+package activities
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/anneal-dev/anneal/agent/daemon"
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// RunOnOrchestrator runs a task in the worker rather than on its node (the
+// orchestrator jig): master_shell runs its command here with the node's
+// context in its environment, as Fuel runs it on the master node;
+// move_to_bootstrap returns the node to discovery. The result is recorded
+// like an agent's.
+func (a *Activities) RunOnOrchestrator(ctx context.Context, in RunTaskInput) (*RunOutcome, error) {
+	run, node, err := a.Store.StartLocalRun(ctx, in.RunID)
+	if err != nil {
+		return nil, err
+	}
+	if run.State == models.RunSucceeded {
+		return &RunOutcome{}, nil // a retry after it succeeded: do not run twice
+	}
+	log := a.Log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
+	// Keep the activity alive while the command runs.
+	beat, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-beat.Done():
+				return
+			case <-t.C:
+				activity.RecordHeartbeat(ctx)
+			}
+		}
+	}()
+	var res protocol.RunResult
+	switch run.TaskType {
+	case models.TaskMoveToBootstrap:
+		start := time.Now()
+		err := a.Store.MoveToBootstrap(ctx, node.ID)
+		res = protocol.RunResult{Attempt: run.Attempt, StartedAt: start, FinishedAt: time.Now(),
+			StdoutTail: fmt.Sprintf("%s returned to discovery (system deployment, no roles or tags)\n", node.Name)}
+		if err != nil {
+			res.ExitCode, res.Error = -1, err.Error()
+		}
+	default:
+		res, err = a.masterShell(ctx, run, node)
+		if err != nil {
+			return nil, err
+		}
+	}
+	rec, err := a.Store.RecordRunResult(ctx, node.ID, run.ID, res)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("orchestrator run finished", "state", rec.Run.State, "exit_code", res.ExitCode)
+	if !res.Succeeded() {
+		msg := fmt.Sprintf("task %s failed on the orchestrator for %s with exit code %d", run.TaskName, node.Name, res.ExitCode)
+		if res.Error != "" {
+			msg = fmt.Sprintf("task %s failed on the orchestrator for %s: %s", run.TaskName, node.Name, res.Error)
+		}
+		return nil, temporal.NewApplicationError(msg, ErrTypeTaskFailed, RunOutcome{ExitCode: res.ExitCode})
+	}
+	return &RunOutcome{ExitCode: res.ExitCode}, nil
+}
+
+// masterShell runs a master_shell task's command in the worker, with the
+// node's context: ANNEAL_NODE, ANNEAL_NODE_ID, ANNEAL_NODE_ADDRESS,
+// ANNEAL_NODE_TAGS and ANNEAL_NODE_ROLES (comma separated), plus the
+// transaction's outputs as the agent gets them.
+func (a *Activities) masterShell(ctx context.Context, run *models.TaskRun, node *models.Node) (protocol.RunResult, error) {
+	dir := filepath.Join(a.orchestratorDir(), node.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return protocol.RunResult{}, fmt.Errorf("orchestrator work directory: %w", err)
+	}
+	env := map[string]string{
+		"ANNEAL_NODE_ID":      strconv.FormatInt(node.ID, 10),
+		"ANNEAL_NODE_ADDRESS": node.Address,
+		"ANNEAL_NODE_TAGS":    strings.Join(node.Tags, ","),
+		"ANNEAL_NODE_ROLES":   strings.Join(node.Roles, ","),
+	}
+	exec := &daemon.ShellExecutor{WorkDir: dir, NodeName: node.Name, Logger: a.Log}
+	item := protocol.WorkItem{
+		RunID: run.ID, Attempt: run.Attempt, TransactionID: run.TransactionID.String(), Graph: run.GraphType,
+		Task: run.TaskName, Type: "shell", Command: run.Spec.Cmd, TimeoutSec: run.Spec.TimeoutSec, Env: env,
+	}
+	return exec.Execute(ctx, item), nil
+}
+
+func (a *Activities) orchestratorDir() string {
+	if a.OrchestratorDir != "" {
+		return a.OrchestratorDir
+	}
+	return filepath.Join(os.TempDir(), "anneal-orchestrator")
+}
