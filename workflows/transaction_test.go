@@ -296,3 +296,48 @@ func (s *TransactionSuite) TestCancelledRunIsNotRecordedAsFailed() {
 	}
 	s.Equal([]int64{1, 2, 3}, f.cancelled())
 }
+
+// Over the failure threshold, the graph's other node workflows are
+// stopped (their pending runs cancelled) and the transaction says why;
+// under it, a failed node does not stop the others.
+func (s *TransactionSuite) TestFailureThreshold() {
+	for name, tc := range map[string]struct {
+		threshold   int
+		wantAborted bool
+	}{
+		"0% aborts on the first failed node": {0, true},
+		"50% of 2 nodes tolerates one":       {50, false},
+	} {
+		s.Run(name, func() {
+			env, f := s.newEnv()
+			gp := graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
+			threshold := tc.threshold
+			gp.FailureThreshold = &threshold
+			f.graphPlans[0] = gp
+			f.nodePlans[planKey{0, 1}] = nodePlan(nil, models.NodeRun{ID: 101})
+			f.nodePlans[planKey{0, 2}] = nodePlan(nil, models.NodeRun{ID: 201}, models.NodeRun{ID: 202, Parents: []int64{201}})
+			f.runTask = func(ctx context.Context, in activities.RunTaskInput) error {
+				switch in.RunID {
+				case 101:
+					return temporal.NewApplicationError("exit 1", activities.ErrTypeTaskFailed)
+				case 201:
+					// node-b is busy while node-a fails.
+					time.Sleep(50 * time.Millisecond)
+				}
+				return nil
+			}
+			env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(1))
+
+			s.Require().True(env.IsWorkflowCompleted())
+			s.Require().NoError(env.GetWorkflowError())
+			s.Require().Len(f.finishes, 1)
+			if tc.wantAborted {
+				s.Contains(f.finishes[0].FailReason, "over the failure threshold of 0%")
+				s.NotContains(f.runIDs(), int64(202), "node-b was stopped before its next run")
+			} else {
+				s.Empty(f.finishes[0].FailReason)
+				s.Contains(f.runIDs(), int64(202), "node-b finished its runs")
+			}
+		})
+	}
+}
