@@ -26,9 +26,13 @@ func main() {
 	flag.StringVar(&cfg.EnrollToken, "enroll-token", os.Getenv("ANNEAL_ENROLL_TOKEN"), "enrollment token for the first registration (default $ANNEAL_ENROLL_TOKEN)")
 	flag.StringVar(&cfg.WorkDir, "workdir", "./anneal-agent", "work directory: credential, run logs, commands' working directory")
 	flag.StringVar(&cfg.Address, "address", "", "host:port where peers can reach this node, if anywhere")
+	flag.StringVar(&cfg.Listen, "listen", "", "host:port to accept peers' reachability checks on (default: --address)")
 	flag.BoolVar(&debug, "debug", false, "log at debug level")
 	flag.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	flag.Parse()
+	if cfg.Listen == "" {
+		cfg.Listen = cfg.Address
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "anneal-agent: unexpected arguments %q\n", flag.Args())
 		flag.Usage()

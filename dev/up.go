@@ -84,8 +84,13 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%d.%s", i+1, server.DefaultDomain)
 		workdir := filepath.Join(state, "nodes", names[i])
+		port, err := devenv.FreePort()
+		if err != nil {
+			return err
+		}
 		a, err := devenv.StartProc(names[i], exec.Command(filepath.Join(bin, "agent"),
-			"--api", apiURL, "--name", names[i], "--enroll-token", env["ANNEAL_ENROLL_TOKEN"], "--workdir", workdir),
+			"--api", apiURL, "--name", names[i], "--enroll-token", env["ANNEAL_ENROLL_TOKEN"], "--workdir", workdir,
+			"--address", fmt.Sprintf("127.0.0.1:%d", port)),
 			filepath.Join(state, "logs", names[i]+".log"))
 		if err != nil {
 			return err

@@ -55,14 +55,14 @@ func (s *Store) ResolveGraph(ctx context.Context, dep *Deployment, graphType str
 // visibleGraphs narrows a graphs query to the graphs a deployment sees: its
 // release's, its enabled plugins' and its own, in merge order.
 func visibleGraphs(tx *gorm.DB, dep *Deployment) *gorm.DB {
-	return tx.Where(`((owner_kind = ? AND owner_id = ?)
+	return tx.Where(`(owner_kind = ? OR (owner_kind = ? AND owner_id = ?)
 		OR (owner_kind = ? AND owner_id IN (SELECT plugin_id FROM deployment_plugins WHERE deployment_id = ?))
 		OR (owner_kind = ? AND owner_id = ?))`,
-		OwnerRelease, dep.ReleaseID, OwnerPlugin, dep.ID, OwnerDeployment, dep.ID)
+		OwnerBuiltin, OwnerRelease, dep.ReleaseID, OwnerPlugin, dep.ID, OwnerDeployment, dep.ID)
 }
 
-// mergeOrder orders graphs release → plugins (by id) → deployment.
-const mergeOrder = "CASE owner_kind WHEN 'release' THEN 0 WHEN 'plugin' THEN 1 ELSE 2 END, owner_id"
+// mergeOrder orders graphs built-in → release → plugins (by id) → deployment.
+const mergeOrder = "CASE owner_kind WHEN 'builtin' THEN -1 WHEN 'release' THEN 0 WHEN 'plugin' THEN 1 ELSE 2 END, owner_id"
 
 func resolveGraph(tx *gorm.DB, dep *Deployment, graphType string) (*ResolvedGraph, error) {
 	var graphs []Graph

@@ -110,6 +110,7 @@ type Node struct {
 
 // Graph owners: graphs of one type merge release → plugin → deployment.
 const (
+	OwnerBuiltin    = "builtin" // shipped with anneal, below every release
 	OwnerRelease    = "release"
 	OwnerPlugin     = "plugin"
 	OwnerDeployment = "deployment"

@@ -116,11 +116,21 @@ func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (proto
 		if err != nil {
 			return out, err
 		}
+		peers, err := s.cfg.Store.PeerAddresses(ctx, r.NodeID)
+		if err != nil {
+			return out, err
+		}
+		env := outputEnv(outputs, r.NodeName)
+		if env == nil {
+			env = map[string]string{}
+		}
+		// The verification graph checks that each peer answers there.
+		env["ANNEAL_PEERS"] = strings.Join(peers, " ")
 		out.Runs = append(out.Runs, protocol.WorkItem{
 			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
 			// Special tasks the agent runs were turned into shell at planning.
 			Task: r.TaskName, Type: "shell", Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
-			Env: outputEnv(outputs, r.NodeName),
+			Env: env,
 		})
 	}
 	return out, nil

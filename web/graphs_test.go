@@ -359,7 +359,8 @@ func TestGraphMergeAndDOT(t *testing.T) {
 	var listing graphListing
 	graphOK(t, st, http.MethodGet, "/api/v1/deployments/d1/graphs", nil, http.StatusOK, &listing)
 	assert.Equal(t, []models.GraphSummary{{Type: "deployment", Name: "d1 tweaks", TaskCount: 1}}, listing.Own)
-	assert.Equal(t, []string{"deployment", "lma-check", "provision"}, listing.Available)
+	// The built-in provision, verification and deletion graphs are always available.
+	assert.Equal(t, []string{"deletion", "deployment", "lma-check", "provision", "verification"}, listing.Available)
 
 	// The release cannot drop what the plugin and the deployment build on.
 	graphRefused(t, st, http.MethodDelete, "/api/v1/releases/levels/graphs/deployment", nil, http.StatusConflict, "")

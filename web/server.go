@@ -83,6 +83,8 @@ func New(cfg Config) *Server {
 	s.graphRoutes(admin)
 	s.tagRoutes(admin)
 	s.scenarioRoutes(admin)
+	s.deployableRoutes(admin)
+	s.configServerRoutes(e)
 	admin.POST("/releases", s.importRelease)
 	admin.GET("/releases/:id", s.getRelease)
 	admin.POST("/graphs/execute", s.execute)

@@ -64,6 +64,9 @@ type Config struct {
 	WorkDir string
 	// Address is where peers can reach the agent (host:port), if anywhere.
 	Address string
+	// Listen, when set, is where the agent accepts peers' reachability
+	// checks (usually the same host:port as Address).
+	Listen string
 	// HeartbeatEvery is the node heartbeat period; default 10s.
 	HeartbeatEvery time.Duration
 	// RunHeartbeatEvery is the run heartbeat period; default 5s.
@@ -80,6 +83,9 @@ type Config struct {
 	HTTPClient *http.Client
 	// Executor runs the work items; default a ShellExecutor in WorkDir.
 	Executor Executor
+	// HooksDir holds the software deployment hooks, one executable per
+	// config group (see Hooks); default <WorkDir>/hooks.
+	HooksDir string
 }
 
 // ErrCredentialRejected is wrapped by the error Run returns when the API
@@ -150,6 +156,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.heartbeatLoop(actx) })
+	wg.Go(func() { a.probeLoop(actx) })
 	a.workLoop(actx)
 	stop(errAgentStopping)
 	wg.Wait()

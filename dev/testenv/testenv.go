@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -141,6 +142,7 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	store, dbURL := Store(t)
 	tc := TemporalClient(t)
 	require.NoError(t, models.EnsureBuiltinScenarios(context.Background(), store, scenarios.Builtins()...))
+	require.NoError(t, models.EnsureBuiltinGraphs(context.Background(), store, scenarios.BuiltinGraphs()...))
 	queue := "anneal-test-" + uuid.NewString()[:8]
 	st := &Stack{Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue, log: log}
 	st.StartWorker(t)
@@ -256,6 +258,8 @@ func (s *Stack) Do(t testing.TB, method, path string, body, out any) (int, []byt
 type Agent struct {
 	Name    string
 	WorkDir string
+	// Address is where the agent accepts peers' reachability checks.
+	Address string
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -267,8 +271,12 @@ func (s *Stack) StartAgent(t testing.TB, name string) *Agent {
 	a := &Agent{Name: name, WorkDir: t.TempDir(), done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	a.Address = ln.Addr().String()
+	require.NoError(t, ln.Close())
 	cfg := daemon.Config{
-		APIURL: s.URL, Name: name, EnrollToken: s.EnrollToken, WorkDir: a.WorkDir,
+		APIURL: s.URL, Name: name, EnrollToken: s.EnrollToken, WorkDir: a.WorkDir, Address: a.Address, Listen: a.Address,
 		HeartbeatEvery: time.Second, RunHeartbeatEvery: time.Second, PollWait: 5 * time.Second,
 		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(t).With("agent", name),
 	}

@@ -78,6 +78,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := models.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...); err != nil {
 		return err
 	}
+	if err := models.EnsureBuiltinGraphs(ctx, store, scenarios.BuiltinGraphs()...); err != nil {
+		return err
+	}
 	tc, err := client.DialContext(ctx, client.Options{
 		HostPort: cfg.TemporalAddress, Namespace: cfg.Namespace, Logger: log.NewStructuredLogger(cfg.Log),
 	})

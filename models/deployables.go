@@ -1,0 +1,558 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/anneal-dev/anneal/models/audrey"
+)
+
+// Deployable is an imported Audrey deployable (seed 003).
+type Deployable struct {
+	ID           int64                     `json:"id"`
+	UUID         uuid.UUID                 `json:"uuid"`
+	Name         string                    `json:"name"`
+	DeploymentID int64                     `json:"deployment_id"`
+	Format       string                    `json:"format"`
+	Document     audrey.Document           `json:"document" gorm:"serializer:json"`
+	ServiceMap   map[string]ServiceMapping `json:"service_map" gorm:"serializer:json"`
+	CreatedAt    time.Time                 `json:"created_at"`
+}
+
+// ServiceMapping says where a service is configured: the role name it maps
+// to (the service's name; a release may define a role of that name to run
+// the scripts with its own jig), the configuration engine scripts (puppet
+// classes...) and the instances (by assembly name) that carry it.
+type ServiceMapping struct {
+	Role      string   `json:"role"`
+	Scripts   []string `json:"scripts"`
+	Instances []string `json:"instances"`
+}
+
+// DeployableInstance is one assembly instance of a deployable: a node-to-be
+// with its instance config and what it reported to the config server.
+type DeployableInstance struct {
+	ID               int64                   `json:"-"`
+	UUID             uuid.UUID               `json:"uuid"`
+	DeployableID     int64                   `json:"-"`
+	Position         int                     `json:"position"`
+	Name             string                  `json:"name"`
+	AssemblyType     string                  `json:"assembly_type"`
+	HWP              string                  `json:"hwp" gorm:"column:hwp"`
+	NodeID           *int64                  `json:"node_id"`
+	Config           audrey.InstanceConfig   `json:"-" gorm:"serializer:json"`
+	TokenHash        string                  `json:"-"`
+	Replies          map[string]audrey.Reply `json:"replies" gorm:"serializer:json"`
+	LastConfigStatus *int                    `json:"last_config_status"`
+	ConfigFetchedAt  *time.Time              `json:"config_fetched_at"`
+	RepliedAt        *time.Time              `json:"replied_at"`
+	CreatedAt        time.Time               `json:"created_at"`
+	UpdatedAt        time.Time               `json:"updated_at"`
+}
+
+// Instance statuses, computed from the config server's state.
+const (
+	InstanceWaiting    = "waiting"    // has not fetched its config yet
+	InstancePartial    = "partial"    // got 202/204: references unresolved
+	InstanceConfigured = "configured" // got its complete config; provided parameters pending
+	InstanceComplete   = "complete"   // complete config and every provided parameter reported
+)
+
+// Status is the instance's status given its pending provided parameters.
+func (in *DeployableInstance) Status() string {
+	switch {
+	case in.LastConfigStatus == nil:
+		return InstanceWaiting
+	case *in.LastConfigStatus != http.StatusOK:
+		return InstancePartial
+	case len(audrey.PendingProvided(&in.Config, in.replies())) > 0:
+		return InstanceConfigured
+	default:
+		return InstanceComplete
+	}
+}
+
+func (in *DeployableInstance) replies() audrey.Replies {
+	return audrey.Replies{in.Config.ID: in.Replies}
+}
+
+// AudreyInputError turns the audrey package's errors into the API's: a
+// syntax error is a 400 with the line, validation errors a 422 naming the
+// first element/field, with all of them (and a cycle) in the details.
+// status overrides the validation status when not 0.
+func AudreyInputError(err error, status int) error {
+	var se *audrey.SyntaxError
+	var es audrey.Errors
+	switch {
+	case errors.As(err, &se):
+		ie := &InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed document: " + se.Error()}
+		if se.Line > 0 {
+			ie.Details = map[string]any{"line": se.Line}
+		}
+		return ie
+	case errors.As(err, &es) && len(es) > 0:
+		ie := &InputError{Status: status, Field: es[0].Field, Reason: es[0].Reason, Details: map[string]any{"errors": es}}
+		if len(es) > 1 {
+			ie.Reason += fmt.Sprintf(" (and %d more problems, see details.errors)", len(es)-1)
+		}
+		if es[0].Cycle != nil {
+			ie.Details["cycle"] = es[0].Cycle
+		}
+		return ie
+	}
+	return err
+}
+
+// DeployableImport is what ImportDeployable created; Tokens are the
+// instances' credentials, shown once.
+type DeployableImport struct {
+	Deployable *Deployable
+	Instances  []DeployableInstance
+	Nodes      map[int64]*Node
+	Tokens     map[uuid.UUID]string
+}
+
+var nonLabel = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// dnsLabelOf makes a DNS label of an Audrey name ("FirstAssembly" →
+// "firstassembly", "app_server 1" → "app-server-1").
+func dnsLabelOf(name string) string {
+	l := strings.Trim(nonLabel.ReplaceAllString(strings.ToLower(name), "-"), "-")
+	if len(l) > 63 {
+		l = strings.Trim(l[:63], "-")
+	}
+	if l == "" {
+		l = "x"
+	}
+	return l
+}
+
+// InstanceNodeName is the node name of a deployable's instance:
+// <assembly>.<deployable>.<domain>, each made a DNS label.
+func InstanceNodeName(instance, deployable, domain string) string {
+	name := dnsLabelOf(instance) + "." + dnsLabelOf(deployable)
+	if domain != "" {
+		name += "." + domain
+	}
+	return name
+}
+
+// ImportDeployable parses (format "xml" or "yaml"), validates completely and
+// then, in one transaction, creates the deployable, one node per assembly
+// instance (named by InstanceNodeName, in deployment ref, default system)
+// with its instance config and own credential, and the service map.
+func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deploymentRef string) (*DeployableImport, error) {
+	var doc *audrey.Document
+	var err error
+	switch format {
+	case "xml":
+		doc, err = audrey.ParseXML(body)
+	case "yaml":
+		doc, err = audrey.ParseYAML(body)
+	default:
+		return nil, Invalid("format", "must be xml or yaml, not %q", format)
+	}
+	if err != nil {
+		return nil, AudreyInputError(err, 0)
+	}
+	if errs := audrey.Validate(doc); len(errs) > 0 {
+		return nil, AudreyInputError(errs, 0)
+	}
+	depUUID := uuid.New()
+	configs := audrey.BuildInstances(doc, depUUID.String(), uuid.NewString)
+	if errs := audrey.ValidateInstances(configs); len(errs) > 0 {
+		return nil, AudreyInputError(errs, 0)
+	}
+	nodeNames := map[string]string{}
+	for i, ic := range configs {
+		name := InstanceNodeName(ic.Name, doc.Deployable.Name, s.Domain)
+		if err := ValidateNodeName(name, s.Domain); err != nil {
+			var ie *InputError
+			if errors.As(err, &ie) {
+				return nil, Invalid(fmt.Sprintf("deployable.assemblies[%d].name", i), "node name %s", ie.Reason)
+			}
+			return nil, err
+		}
+		if other, dup := nodeNames[name]; dup {
+			return nil, Invalid(fmt.Sprintf("deployable.assemblies[%d].name", i), "assemblies %q and %q would both be node %q; rename one", other, ic.Name, name)
+		}
+		nodeNames[name] = ic.Name
+	}
+	serviceMap := map[string]ServiceMapping{}
+	for _, ic := range configs {
+		for _, svc := range ic.Services {
+			m := serviceMap[svc.Name]
+			m.Role, m.Scripts = svc.Name, svc.Scripts
+			if m.Scripts == nil {
+				m.Scripts = []string{}
+			}
+			m.Instances = append(m.Instances, ic.Name)
+			serviceMap[svc.Name] = m
+		}
+	}
+
+	out := &DeployableImport{Nodes: map[int64]*Node{}, Tokens: map[uuid.UUID]string{}}
+	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		ref := deploymentRef
+		if ref == "" {
+			ref = SystemDeployment
+		}
+		dep, err := findDeployment(tx, ref)
+		if errors.Is(err, ErrNotFound) {
+			return Invalid("deployment", "no deployment named or numbered %q", ref)
+		}
+		if err != nil {
+			return err
+		}
+		var count int64
+		if err := tx.Model(&Deployable{}).Where("name = ?", doc.Deployable.Name).Count(&count).Error; err != nil {
+			return fmt.Errorf("check deployable name: %w", err)
+		}
+		if count > 0 {
+			return &ConflictError{Reason: fmt.Sprintf("a deployable named %q already exists", doc.Deployable.Name)}
+		}
+		d := &Deployable{UUID: depUUID, Name: doc.Deployable.Name, DeploymentID: dep.ID, Format: format, Document: *doc, ServiceMap: serviceMap}
+		if err := tx.Create(d).Error; err != nil {
+			return fmt.Errorf("create deployable %q: %w", d.Name, uniqueViolation(err, fmt.Sprintf("a deployable named %q already exists", d.Name)))
+		}
+		out.Deployable = d
+		inner := &Store{DB: tx, Domain: s.Domain}
+		for i, ic := range configs {
+			da := doc.Deployable.Assemblies[i]
+			node, _, err := inner.CreateNode(ctx, NodeInput{Name: InstanceNodeName(ic.Name, d.Name, s.Domain), Deployment: dep.Name}, false)
+			if err != nil {
+				return err
+			}
+			services := make([]string, len(ic.Services))
+			for j, svc := range ic.Services {
+				services[j] = svc.Name
+			}
+			node.Attributes = map[string]any{"audrey": map[string]any{
+				"deployable": d.Name, "deployable_uuid": d.UUID.String(), "instance_uuid": ic.ID,
+				"assembly": ic.Name, "assembly_type": ic.Type, "hwp": da.HWP, "services": services,
+			}}
+			if err := tx.Model(&Node{}).Where("id = ?", node.ID).Update("attributes", node.Attributes).Error; err != nil {
+				return fmt.Errorf("set node %s attributes: %w", node.Name, err)
+			}
+			out.Nodes[node.ID] = node
+			secret := NewSecret("aud_")
+			id := uuid.MustParse(ic.ID)
+			nodeID := node.ID
+			inst := DeployableInstance{UUID: id, DeployableID: d.ID, Position: i, Name: ic.Name, AssemblyType: ic.Type,
+				HWP: da.HWP, NodeID: &nodeID, Config: ic, TokenHash: HashSecret(secret), Replies: map[string]audrey.Reply{}}
+			if err := tx.Create(&inst).Error; err != nil {
+				return fmt.Errorf("create instance %s: %w", ic.Name, err)
+			}
+			out.Instances = append(out.Instances, inst)
+			out.Tokens[id] = secret
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func findDeployable(tx *gorm.DB, ref string) (*Deployable, error) {
+	var d Deployable
+	q := tx
+	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
+		q = q.Where("id = ?", id)
+	} else if u, err := uuid.Parse(ref); err == nil {
+		q = q.Where("uuid = ?", u)
+	} else {
+		q = q.Where("name = ?", ref)
+	}
+	err := q.Take(&d).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("deployable", ref)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load deployable %s: %w", ref, err)
+	}
+	return &d, nil
+}
+
+func deployableInstances(tx *gorm.DB, deployableID int64) ([]DeployableInstance, error) {
+	var out []DeployableInstance
+	if err := tx.Where("deployable_id = ?", deployableID).Order("position").Find(&out).Error; err != nil {
+		return nil, fmt.Errorf("load instances of deployable %d: %w", deployableID, err)
+	}
+	return out, nil
+}
+
+// Deployable loads a deployable (by id, uuid or name) with its instances in
+// deployable order.
+func (s *Store) Deployable(ctx context.Context, ref string) (*Deployable, []DeployableInstance, error) {
+	db := s.DB.WithContext(ctx)
+	d, err := findDeployable(db, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	insts, err := deployableInstances(db, d.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, insts, nil
+}
+
+// Deployables lists every deployable, without instances.
+func (s *Store) Deployables(ctx context.Context) ([]Deployable, error) {
+	var out []Deployable
+	if err := s.DB.WithContext(ctx).Order("id").Find(&out).Error; err != nil {
+		return nil, fmt.Errorf("list deployables: %w", err)
+	}
+	return out, nil
+}
+
+// Instance finds an instance by its UUID.
+func (s *Store) Instance(ctx context.Context, id uuid.UUID) (*DeployableInstance, error) {
+	var in DeployableInstance
+	err := s.DB.WithContext(ctx).Where("uuid = ?", id).Take(&in).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("instance", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load instance %s: %w", id, err)
+	}
+	return &in, nil
+}
+
+// InstanceTokenExists reports whether secret is some instance's credential.
+func (s *Store) InstanceTokenExists(ctx context.Context, secret string) (bool, error) {
+	var count int64
+	err := s.DB.WithContext(ctx).Model(&DeployableInstance{}).Where("token_hash = ?", HashSecret(secret)).Count(&count).Error
+	if err != nil {
+		return false, fmt.Errorf("check instance token: %w", err)
+	}
+	return count > 0, nil
+}
+
+// InstanceConfigs returns the configs of instances, in order.
+func InstanceConfigs(insts []DeployableInstance) []audrey.InstanceConfig {
+	out := make([]audrey.InstanceConfig, len(insts))
+	for i := range insts {
+		out[i] = insts[i].Config
+	}
+	return out
+}
+
+// InstanceReplies returns every instance's replies by instance UUID.
+func InstanceReplies(insts []DeployableInstance) audrey.Replies {
+	out := audrey.Replies{}
+	for _, in := range insts {
+		out[in.Config.ID] = in.Replies
+	}
+	return out
+}
+
+// FetchConfig answers GET /configs/:uuid: the instance's config resolved
+// against its deployable's replies so far, and the status code (200
+// complete, 202 partial, 204 partial but not allowed), which it records.
+func (s *Store) FetchConfig(ctx context.Context, id uuid.UUID) (audrey.Resolution, int, error) {
+	db := s.DB.WithContext(ctx)
+	in, err := s.Instance(ctx, id)
+	if err != nil {
+		return audrey.Resolution{}, 0, err
+	}
+	insts, err := deployableInstances(db, in.DeployableID)
+	if err != nil {
+		return audrey.Resolution{}, 0, err
+	}
+	idx := -1
+	for i := range insts {
+		if insts[i].ID == in.ID {
+			idx = i
+		}
+	}
+	configs := InstanceConfigs(insts)
+	res := audrey.Resolve(configs, idx, InstanceReplies(insts))
+	res.Config = &configs[idx]
+	status := http.StatusOK
+	switch {
+	case res.Complete:
+	case res.PartialAllowed:
+		status = http.StatusAccepted
+	default:
+		status = http.StatusNoContent
+	}
+	t := now()
+	if err := db.Model(&DeployableInstance{}).Where("id = ?", in.ID).
+		Updates(map[string]any{"last_config_status": status, "config_fetched_at": t, "updated_at": t}).Error; err != nil {
+		return res, 0, fmt.Errorf("record config fetch of %s: %w", id, err)
+	}
+	return res, status, nil
+}
+
+// PendingParams answers GET /params/:uuid: the provided parameters the
+// instance has not reported yet.
+func (s *Store) PendingParams(ctx context.Context, id uuid.UUID) ([]string, error) {
+	in, err := s.Instance(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return audrey.PendingProvided(&in.Config, in.replies()), nil
+}
+
+// StoreReply answers PUT /reply/:uuid: it stores the reported values of
+// provided parameters (a value reported again is overwritten but keeps the
+// time it was first reported, which decides match-type first). A parameter
+// the instance does not provide is refused (400).
+func (s *Store) StoreReply(ctx context.Context, id uuid.UUID, values map[string]string, order []string) (*DeployableInstance, error) {
+	var out *DeployableInstance
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var in DeployableInstance
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Where("uuid = ?", id).Take(&in).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("instance", id)
+		}
+		if err != nil {
+			return fmt.Errorf("lock instance %s: %w", id, err)
+		}
+		for i, name := range order {
+			if !in.Config.Provides(name) {
+				return &InputError{Status: http.StatusBadRequest, Field: fmt.Sprintf("provided-parameters[%d]", i),
+					Reason: fmt.Sprintf("instance %s (%s) provides no parameter %q; it provides %v", id, in.Name, name, in.Config.Provided)}
+			}
+		}
+		if in.Replies == nil {
+			in.Replies = map[string]audrey.Reply{}
+		}
+		t := now()
+		for _, name := range order {
+			r, ok := in.Replies[name]
+			if !ok {
+				r.At = t
+			}
+			r.Value = values[name]
+			in.Replies[name] = r
+		}
+		in.RepliedAt, in.UpdatedAt = &t, t
+		if err := tx.Select("replies", "replied_at", "updated_at").Save(&in).Error; err != nil {
+			return fmt.Errorf("store reply of %s: %w", id, err)
+		}
+		out = &in
+		return nil
+	})
+	return out, err
+}
+
+// ReplaceInstanceConfig answers POST /configs/:uuid: it replaces a known
+// instance's config with the posted document after checking it (its id is
+// the uuid, its deployable is the instance's, its name and type unchanged,
+// its references resolvable in the deployable and free of cycles). Every
+// problem is an invalid document (400).
+func (s *Store) ReplaceInstanceConfig(ctx context.Context, id uuid.UUID, ic *audrey.InstanceConfig) error {
+	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var in DeployableInstance
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Where("uuid = ?", id).Take(&in).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("instance", id)
+		}
+		if err != nil {
+			return fmt.Errorf("lock instance %s: %w", id, err)
+		}
+		bad := func(field, format string, args ...any) error {
+			return &InputError{Status: http.StatusBadRequest, Field: field, Reason: fmt.Sprintf(format, args...)}
+		}
+		if !strings.EqualFold(ic.ID, id.String()) {
+			return bad("instance-config.id", "is %q, not the uuid of the URL %s", ic.ID, id)
+		}
+		ic.ID = id.String()
+		if ic.Name != in.Name || ic.Type != in.AssemblyType {
+			return bad("instance-config.name", "the instance is %q of type %q; a posted config cannot rename it or change its type", in.Name, in.AssemblyType)
+		}
+		if ic.DeployableID != "" && !strings.EqualFold(ic.DeployableID, in.Config.DeployableID) {
+			return bad("instance-config.deployable.id", "is %q, but the instance belongs to deployable %s", ic.DeployableID, in.Config.DeployableID)
+		}
+		ic.DeployableID, ic.DeployableName = in.Config.DeployableID, in.Config.DeployableName
+		insts, err := deployableInstances(tx, in.DeployableID)
+		if err != nil {
+			return err
+		}
+		configs := InstanceConfigs(insts)
+		for i := range insts {
+			if insts[i].ID == in.ID {
+				configs[i] = *ic
+			}
+		}
+		if errs := audrey.ValidateInstances(configs); len(errs) > 0 {
+			return AudreyInputError(errs, http.StatusBadRequest)
+		}
+		t := now()
+		in.Config, in.UpdatedAt = *ic, t
+		if err := tx.Select("config", "updated_at").Save(&in).Error; err != nil {
+			return fmt.Errorf("replace config of %s: %w", id, err)
+		}
+		return nil
+	})
+}
+
+// DeployableView is GET /api/v1/deployables/:id: the deployable, its
+// instances with status, and the ordering edges its references define.
+type DeployableView struct {
+	*Deployable
+	Instances []InstanceView `json:"instances"`
+	Edges     []audrey.Edge  `json:"edges"`
+}
+
+// InstanceView is an instance as the API shows it.
+type InstanceView struct {
+	DeployableInstance
+	Status          string   `json:"status"`
+	NodeName        string   `json:"node_name,omitempty"`
+	MissingInputs   []string `json:"missing_inputs"`
+	PendingProvided []string `json:"pending_provided"`
+	Token           string   `json:"token,omitempty"` // only in the import answer
+}
+
+// ViewDeployable assembles the API view; nodes maps node ids to nodes
+// (missing ones are loaded) and tokens is set only after an import.
+func (s *Store) ViewDeployable(ctx context.Context, d *Deployable, insts []DeployableInstance, tokens map[uuid.UUID]string) (*DeployableView, error) {
+	var ids []int64
+	for _, in := range insts {
+		if in.NodeID != nil {
+			ids = append(ids, *in.NodeID)
+		}
+	}
+	names := map[int64]string{}
+	if len(ids) > 0 {
+		var nodes []Node
+		if err := s.DB.WithContext(ctx).Select("id", "name").Where("id IN ?", ids).Find(&nodes).Error; err != nil {
+			return nil, fmt.Errorf("load instance nodes: %w", err)
+		}
+		for _, n := range nodes {
+			names[n.ID] = n.Name
+		}
+	}
+	configs := InstanceConfigs(insts)
+	replies := InstanceReplies(insts)
+	view := &DeployableView{Deployable: d, Edges: audrey.Edges(configs)}
+	if view.Edges == nil {
+		view.Edges = []audrey.Edge{}
+	}
+	for i, in := range insts {
+		res := audrey.Resolve(configs, i, replies)
+		iv := InstanceView{DeployableInstance: in, Status: in.Status(), MissingInputs: res.Missing,
+			PendingProvided: audrey.PendingProvided(&configs[i], replies), Token: tokens[in.UUID]}
+		if iv.MissingInputs == nil {
+			iv.MissingInputs = []string{}
+		}
+		if in.NodeID != nil {
+			iv.NodeName = names[*in.NodeID]
+		}
+		view.Instances = append(view.Instances, iv)
+	}
+	return view, nil
+}
