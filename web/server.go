@@ -83,6 +83,7 @@ func New(cfg Config) *Server {
 	s.graphRoutes(admin)
 	s.tagRoutes(admin)
 	s.scenarioRoutes(admin)
+	s.softwareRoutes(admin, mine)
 	s.deployableRoutes(admin)
 	s.configServerRoutes(e)
 	admin.POST("/releases", s.importRelease)

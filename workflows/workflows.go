@@ -36,6 +36,7 @@ const DefaultMaxNodesInFlight = 1000
 func Register(r worker.WorkflowRegistry) {
 	r.RegisterWorkflowWithOptions(Transaction, workflow.RegisterOptions{Name: TransactionWorkflow})
 	r.RegisterWorkflowWithOptions(NodeRun, workflow.RegisterOptions{Name: NodeWorkflow})
+	r.RegisterWorkflowWithOptions(SoftwareDeployment, workflow.RegisterOptions{Name: SoftwareDeploymentWorkflow})
 }
 
 // TransactionWorkflowID is the workflow ID of a transaction.

@@ -156,6 +156,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var wg sync.WaitGroup
 	wg.Go(func() { a.heartbeatLoop(actx) })
+	wg.Go(func() { a.softwareLoop(actx) })
 	wg.Go(func() { a.probeLoop(actx) })
 	a.workLoop(actx)
 	stop(errAgentStopping)

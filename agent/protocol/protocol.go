@@ -3,7 +3,14 @@
 // binary stays small and the two sides cannot drift apart.
 package protocol
 
-import "time"
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Paths of the agent endpoints, relative to the API base URL.
 const (
@@ -105,4 +112,165 @@ type ErrorDetail struct {
 	Code    string         `json:"code"`
 	Message string         `json:"message"`
 	Details map[string]any `json:"details,omitempty"`
+}
+
+// Paths of the agent's software deployment endpoints (Heat software config).
+const (
+	// PathSoftwareDeployments is long-polled with ?version=<v>&wait=<d>.
+	PathSoftwareDeployments = "/api/v1/agent/software_deployments"
+	PathSoftwareSignal      = "/api/v1/agent/software_deployments/%d/signal"
+)
+
+// SoftwareDeploymentsResponse lists the node's software deployments that
+// await the agent (in progress, not yet signalled for their round), with the
+// node's version to send back on the next poll.
+type SoftwareDeploymentsResponse struct {
+	Version     string               `json:"version"`
+	Deployments []SoftwareDeployment `json:"deployments"`
+}
+
+// SoftwareDeployment is one round of a software deployment as a hook sees
+// it (the JSON a hooks-directory executable reads on stdin). Inputs carry
+// their resolved values, plus deploy_server_id, deploy_action and
+// deploy_round, as Heat adds deploy_* inputs.
+type SoftwareDeployment struct {
+	ID          int64          `json:"id"`
+	Round       int            `json:"round"`
+	Action      string         `json:"action"`
+	Server      string         `json:"server"`
+	Name        string         `json:"name"`
+	Group       string         `json:"group"`
+	Config      string         `json:"config"`
+	Inputs      []SoftwareIO   `json:"inputs"`
+	Outputs     []SoftwareIO   `json:"outputs"`
+	Options     map[string]any `json:"options"`
+	InputValues map[string]any `json:"input_values"`
+	TimeoutSec  int            `json:"timeout_sec"`
+}
+
+// Timeout returns the deployment's timeout as a duration.
+func (d SoftwareDeployment) Timeout() time.Duration { return time.Duration(d.TimeoutSec) * time.Second }
+
+// SoftwareIO is an input (with its value) or an output of a config.
+type SoftwareIO struct {
+	Name        string `json:"name"`
+	Type        string `json:"type,omitempty"`
+	Description string `json:"description,omitempty"`
+	Default     any    `json:"default,omitempty"`
+	Value       any    `json:"value,omitempty"`
+	ErrorOutput bool   `json:"error_output,omitempty"`
+}
+
+// Reserved keys of a software signal; every other key is an output.
+const (
+	SignalStdout       = "deploy_stdout"
+	SignalStderr       = "deploy_stderr"
+	SignalStatusCode   = "deploy_status_code"
+	SignalStatusReason = "deploy_status_reason"
+	SignalRound        = "deploy_round"
+)
+
+// SoftwareSignal is what the agent (or a hook, on stdout) reports for one
+// round of a deployment. On the wire it is one flat JSON object as in Heat:
+// {"<output>": value, ..., "deploy_stdout", "deploy_stderr",
+// "deploy_status_code", "deploy_status_reason", "deploy_round"}.
+type SoftwareSignal struct {
+	Round        int
+	Outputs      map[string]any
+	Stdout       string
+	Stderr       string
+	StatusCode   int
+	StatusReason string
+}
+
+// MarshalJSON writes the flat form.
+func (s SoftwareSignal) MarshalJSON() ([]byte, error) {
+	m := make(map[string]any, len(s.Outputs)+5)
+	for k, v := range s.Outputs {
+		m[k] = v
+	}
+	m[SignalStdout], m[SignalStderr], m[SignalStatusCode] = s.Stdout, s.Stderr, s.StatusCode
+	if s.StatusReason != "" {
+		m[SignalStatusReason] = s.StatusReason
+	}
+	if s.Round != 0 {
+		m[SignalRound] = s.Round
+	}
+	return json.Marshal(m)
+}
+
+// UnmarshalJSON reads the flat form; reserved keys of the wrong type are
+// refused.
+func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
+	var m map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&m); err != nil {
+		return err
+	}
+	if m == nil {
+		return fmt.Errorf("a software signal must be a JSON object")
+	}
+	*s = SoftwareSignal{Outputs: map[string]any{}}
+	str := func(k string) (string, error) {
+		v, ok := m[k]
+		delete(m, k)
+		if !ok || v == nil {
+			return "", nil
+		}
+		t, ok := v.(string)
+		if !ok {
+			return "", fmt.Errorf("%s must be a string", k)
+		}
+		return t, nil
+	}
+	num := func(k string) (int, error) {
+		v, ok := m[k]
+		delete(m, k)
+		if !ok || v == nil {
+			return 0, nil
+		}
+		switch t := v.(type) {
+		case json.Number:
+			n, err := strconv.Atoi(t.String())
+			if err != nil {
+				return 0, fmt.Errorf("%s must be an integer", k)
+			}
+			return n, nil
+		case string: // shell hooks often send "0"
+			n, err := strconv.Atoi(strings.TrimSpace(t))
+			if err != nil {
+				return 0, fmt.Errorf("%s must be an integer", k)
+			}
+			return n, nil
+		}
+		return 0, fmt.Errorf("%s must be an integer", k)
+	}
+	var err error
+	if s.Stdout, err = str(SignalStdout); err != nil {
+		return err
+	}
+	if s.Stderr, err = str(SignalStderr); err != nil {
+		return err
+	}
+	if s.StatusReason, err = str(SignalStatusReason); err != nil {
+		return err
+	}
+	if s.StatusCode, err = num(SignalStatusCode); err != nil {
+		return err
+	}
+	if s.Round, err = num(SignalRound); err != nil {
+		return err
+	}
+	for k, v := range m {
+		if n, ok := v.(json.Number); ok {
+			if i, err := n.Int64(); err == nil {
+				v = i
+			} else if f, err := n.Float64(); err == nil {
+				v = f
+			}
+		}
+		s.Outputs[k] = v
+	}
+	return nil
 }

@@ -1,0 +1,1040 @@
+package models
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+)
+
+// Software deployment actions and statuses (Heat software config).
+const (
+	ActionDeploy   = "DEPLOY"
+	ActionRedeploy = "REDEPLOY"
+	ActionUndeploy = "UNDEPLOY"
+
+	SoftwareWaiting    = "WAITING"
+	SoftwareInProgress = "IN_PROGRESS"
+	SoftwareComplete   = "COMPLETE"
+	SoftwareFailed     = "FAILED"
+)
+
+// DefaultSoftwareGroup is the group of a config that names none: the
+// agent's built-in shell script hook.
+const DefaultSoftwareGroup = "script"
+
+// DefaultSoftwareTimeoutSec bounds a round of a software deployment when
+// the request sets no timeout_sec: waiting for its get_attr references and
+// for the agent's signal together.
+const DefaultSoftwareTimeoutSec = 600
+
+// AcceptForeignConfigs is the node attribute that lets a node take software
+// deployments made on behalf of another deployment (cluster).
+const AcceptForeignConfigs = "accept_foreign_configs"
+
+// SoftwareIODef is one entry of a config's inputs or outputs schema.
+type SoftwareIODef struct {
+	Name        string `json:"name"`
+	Type        string `json:"type,omitempty"`
+	Description string `json:"description,omitempty"`
+	Default     any    `json:"default,omitempty"`
+	// ErrorOutput (outputs only): any non-empty value signalled for this
+	// output fails the deployment.
+	ErrorOutput bool `json:"error_output,omitempty"`
+}
+
+// SoftwareConfig is an immutable script or document with its inputs and
+// outputs schemas; its group names the hook that runs it on a node.
+type SoftwareConfig struct {
+	ID           int64           `json:"id"`
+	Name         string          `json:"name"`
+	Group        string          `json:"group" gorm:"column:group"`
+	Config       string          `json:"config"`
+	Inputs       []SoftwareIODef `json:"inputs" gorm:"serializer:json"`
+	Outputs      []SoftwareIODef `json:"outputs" gorm:"serializer:json"`
+	Options      map[string]any  `json:"options" gorm:"serializer:json"`
+	DeploymentID *int64          `json:"deployment_id"`
+	CreatedAt    time.Time       `json:"created_at"`
+}
+
+// ErrorOutputs names the outputs flagged error_output.
+func (c *SoftwareConfig) ErrorOutputs() []string {
+	var out []string
+	for _, o := range c.Outputs {
+		if o.ErrorOutput {
+			out = append(out, o.Name)
+		}
+	}
+	return out
+}
+
+// SoftwareDeployment binds a config to a node with input values. Each
+// action starts a round, run by the workflow WorkflowID.
+type SoftwareDeployment struct {
+	ID             int64          `json:"id"`
+	ConfigID       int64          `json:"config_id"`
+	NodeID         int64          `json:"server_id"`
+	DeploymentID   *int64         `json:"deployment_id"`
+	InputValues    map[string]any `json:"input_values" gorm:"serializer:json"`
+	ResolvedInputs map[string]any `json:"resolved_inputs" gorm:"serializer:json"`
+	Action         string         `json:"action"`
+	Status         string         `json:"status"`
+	StatusReason   string         `json:"status_reason"`
+	OutputValues   map[string]any `json:"output_values" gorm:"serializer:json"`
+	TimeoutSec     int            `json:"timeout_sec"`
+	Round          int            `json:"round"`
+	SignaledRound  int            `json:"-"`
+	Signal         storedSignal   `json:"-" gorm:"serializer:json"`
+	WorkflowID     string         `json:"workflow_id"`
+	Version        int64          `json:"-" gorm:"->"`
+	CreatedAt      time.Time      `json:"created_at"`
+	UpdatedAt      time.Time      `json:"updated_at"`
+
+	// Filled by the queries that join them.
+	ServerName string          `json:"server_name,omitempty" gorm:"-"`
+	Config     *SoftwareConfig `json:"config,omitempty" gorm:"-"`
+}
+
+// storedSignal is the agent's last signal, as kept in Postgres.
+type storedSignal struct {
+	Outputs      map[string]any `json:"outputs,omitempty"`
+	Stdout       string         `json:"deploy_stdout"`
+	Stderr       string         `json:"deploy_stderr"`
+	StatusCode   int            `json:"deploy_status_code"`
+	StatusReason string         `json:"deploy_status_reason,omitempty"`
+}
+
+// SoftwareWorkflowID is the readable workflow ID of a software deployment
+// (the API scopes it by its task queue when that is not the default one, so
+// that several installations or test stacks can share a namespace).
+func SoftwareWorkflowID(id int64) string { return "swd-" + strconv.FormatInt(id, 10) }
+
+var (
+	softwareGroupRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,99}$`)
+	softwareNameRe  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,99}$`)
+	softwareTypes   = map[string]string{"string": "String", "number": "Number", "commadelimitedlist": "CommaDelimitedList", "json": "Json", "boolean": "Boolean"}
+)
+
+// SoftwareConfigInput creates a config.
+type SoftwareConfigInput struct {
+	Name    string          `json:"name"`
+	Group   string          `json:"group"`
+	Config  string          `json:"config"`
+	Inputs  []SoftwareIODef `json:"inputs"`
+	Outputs []SoftwareIODef `json:"outputs"`
+	Options map[string]any  `json:"options"`
+	// Deployment (name or id) binds the config to one deployment (cluster).
+	Deployment string `json:"deployment"`
+}
+
+func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIODef, error) {
+	seen := map[string]bool{}
+	out := make([]SoftwareIODef, 0, len(defs))
+	for i, d := range defs {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if d.Name == "" {
+			return nil, Invalid(f+".name", "is required")
+		}
+		if !softwareNameRe.MatchString(d.Name) {
+			return nil, Invalid(f+".name", "%q must be a letter or _ then letters, digits or _ (it becomes an environment variable and a file name)", d.Name)
+		}
+		if strings.HasPrefix(d.Name, "deploy_") {
+			return nil, Invalid(f+".name", "%q: names starting with deploy_ are reserved (deploy_server_id, deploy_action, deploy_stdout, ...)", d.Name)
+		}
+		if seen[d.Name] {
+			return nil, Invalid(f+".name", "%q is declared twice", d.Name)
+		}
+		seen[d.Name] = true
+		if d.Type == "" {
+			d.Type = "String"
+		}
+		t, ok := softwareTypes[strings.ToLower(d.Type)]
+		if !ok {
+			return nil, Invalid(f+".type", "%q is not one of String, Number, CommaDelimitedList, Json, Boolean", d.Type)
+		}
+		d.Type = t
+		if d.ErrorOutput && !outputs {
+			return nil, Invalid(f+".error_output", "only outputs can be error outputs")
+		}
+		if d.Default != nil && outputs {
+			return nil, Invalid(f+".default", "outputs have no default")
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// CreateSoftwareConfig validates and stores a config. Configs are never
+// updated: a change is a new config.
+func (s *Store) CreateSoftwareConfig(ctx context.Context, in SoftwareConfigInput) (*SoftwareConfig, error) {
+	if strings.TrimSpace(in.Name) == "" {
+		return nil, Invalid("name", "is required")
+	}
+	if len(in.Name) > 255 {
+		return nil, Invalid("name", "is longer than 255 characters")
+	}
+	if in.Group == "" {
+		in.Group = DefaultSoftwareGroup
+	}
+	if !softwareGroupRe.MatchString(in.Group) {
+		return nil, Invalid("group", "%q must be letters, digits and . _ : + - (it names the hook that runs the config)", in.Group)
+	}
+	inputs, err := checkSchema("inputs", in.Inputs, false)
+	if err != nil {
+		return nil, err
+	}
+	outputs, err := checkSchema("outputs", in.Outputs, true)
+	if err != nil {
+		return nil, err
+	}
+	if in.Options == nil {
+		in.Options = map[string]any{}
+	}
+	cfg := &SoftwareConfig{Name: in.Name, Group: in.Group, Config: in.Config, Inputs: inputs, Outputs: outputs, Options: in.Options}
+	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if in.Deployment != "" {
+			dep, err := findDeployment(tx, in.Deployment)
+			if errors.Is(err, ErrNotFound) {
+				return Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
+			}
+			if err != nil {
+				return err
+			}
+			cfg.DeploymentID = &dep.ID
+		}
+		if err := tx.Create(cfg).Error; err != nil {
+			return fmt.Errorf("create software config: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// SoftwareConfigs lists the configs.
+func (s *Store) SoftwareConfigs(ctx context.Context) ([]SoftwareConfig, error) {
+	cfgs := []SoftwareConfig{}
+	if err := s.DB.WithContext(ctx).Order("id").Find(&cfgs).Error; err != nil {
+		return nil, fmt.Errorf("list software configs: %w", err)
+	}
+	return cfgs, nil
+}
+
+// SoftwareConfig loads a config.
+func (s *Store) SoftwareConfig(ctx context.Context, id int64) (*SoftwareConfig, error) {
+	var cfg SoftwareConfig
+	err := s.DB.WithContext(ctx).Take(&cfg, id).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("software config", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load software config %d: %w", id, err)
+	}
+	return &cfg, nil
+}
+
+// DeleteSoftwareConfig deletes a config no deployment uses.
+func (s *Store) DeleteSoftwareConfig(ctx context.Context, id int64) error {
+	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var cfg SoftwareConfig
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&cfg, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("software config", id)
+		}
+		if err != nil {
+			return fmt.Errorf("load software config %d: %w", id, err)
+		}
+		var users []int64
+		if err := tx.Model(&SoftwareDeployment{}).Where("config_id = ?", id).Order("id").Limit(20).Pluck("id", &users).Error; err != nil {
+			return fmt.Errorf("find deployments of software config %d: %w", id, err)
+		}
+		if len(users) > 0 {
+			return &ConflictError{Reason: fmt.Sprintf("software config %d is used by software deployment(s) %s; delete them first", id, joinIDs(users))}
+		}
+		if err := tx.Delete(&SoftwareConfig{}, id).Error; err != nil {
+			return fmt.Errorf("delete software config %d: %w", id, err)
+		}
+		return nil
+	})
+}
+
+func joinIDs(ids []int64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatInt(id, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+// SoftwareDeploymentInput creates a software deployment.
+type SoftwareDeploymentInput struct {
+	ConfigID int64
+	// Server is the node's id or name.
+	Server      string
+	InputValues map[string]any
+	Action      string
+	TimeoutSec  int
+	// Deployment (name or id), optional: the deployment (cluster) on whose
+	// behalf the request is made; default the config's, else the node's.
+	Deployment string
+}
+
+// getAttr recognises {"get_attr": [<deployment id>, "<output>"]}.
+func getAttr(v any) (id int64, output string, isRef bool, err error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return 0, "", false, nil
+	}
+	raw, ok := m["get_attr"]
+	if !ok {
+		return 0, "", false, nil
+	}
+	if len(m) != 1 {
+		return 0, "", true, errors.New(`a reference is {"get_attr": [<deployment id>, "<output name>"]} with no other key`)
+	}
+	list, ok := raw.([]any)
+	if !ok || len(list) != 2 {
+		return 0, "", true, errors.New(`get_attr takes [<deployment id>, "<output name>"]`)
+	}
+	switch n := list[0].(type) {
+	case float64:
+		id = int64(n)
+		if float64(id) != n {
+			return 0, "", true, errors.New("get_attr: the deployment id must be an integer")
+		}
+	case json.Number:
+		if id, err = n.Int64(); err != nil {
+			return 0, "", true, errors.New("get_attr: the deployment id must be an integer")
+		}
+	case int64:
+		id = n
+	case int:
+		id = int64(n)
+	case string:
+		if id, err = strconv.ParseInt(n, 10, 64); err != nil {
+			return 0, "", true, errors.New("get_attr: the deployment id must be an integer")
+		}
+	default:
+		return 0, "", true, errors.New("get_attr: the deployment id must be an integer")
+	}
+	output, ok = list[1].(string)
+	if !ok || output == "" {
+		return 0, "", true, errors.New("get_attr: the output name must be a non-empty string")
+	}
+	return id, output, true, nil
+}
+
+// checkInputValues validates input values against a config's inputs schema
+// and their references against the deployments they name.
+func checkInputValues(tx *gorm.DB, cfg *SoftwareConfig, values map[string]any, self int64) error {
+	declared := map[string]bool{}
+	for _, in := range cfg.Inputs {
+		declared[in.Name] = true
+	}
+	names := make([]string, 0, len(values))
+	for k := range values {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		field := "input_values." + name
+		if !declared[name] {
+			return Invalid(field, "software config %d (%s) declares no input %q", cfg.ID, cfg.Name, name)
+		}
+		id, output, isRef, err := getAttr(values[name])
+		if err != nil {
+			return Invalid(field, "%v", err)
+		}
+		if !isRef {
+			continue
+		}
+		if id == self {
+			return Invalid(field, "get_attr refers to this deployment itself")
+		}
+		var ref SoftwareDeployment
+		err = tx.Take(&ref, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return Invalid(field, "get_attr refers to software deployment %d, which does not exist", id)
+		}
+		if err != nil {
+			return fmt.Errorf("load software deployment %d: %w", id, err)
+		}
+		var refCfg SoftwareConfig
+		if err := tx.Take(&refCfg, ref.ConfigID).Error; err != nil {
+			return fmt.Errorf("load software config %d: %w", ref.ConfigID, err)
+		}
+		if !hasOutput(&refCfg, output) {
+			return Invalid(field, "get_attr: software deployment %d (config %s) has no output %q", id, refCfg.Name, output)
+		}
+	}
+	return nil
+}
+
+func hasOutput(cfg *SoftwareConfig, name string) bool {
+	switch name {
+	case protocol.SignalStdout, protocol.SignalStderr, protocol.SignalStatusCode:
+		return true
+	}
+	return slices.ContainsFunc(cfg.Outputs, func(o SoftwareIODef) bool { return o.Name == name })
+}
+
+func checkAction(action string, create bool) (string, error) {
+	if action == "" && create {
+		return ActionDeploy, nil
+	}
+	switch a := strings.ToUpper(action); a {
+	case ActionDeploy, ActionRedeploy, ActionUndeploy:
+		if !create && a == ActionDeploy {
+			return "", Invalid("action", "a new round is REDEPLOY or UNDEPLOY")
+		}
+		return a, nil
+	}
+	return "", Invalid("action", "%q is not one of DEPLOY, REDEPLOY, UNDEPLOY", action)
+}
+
+func acceptsForeign(n *Node) bool {
+	v, ok := n.Attributes[AcceptForeignConfigs]
+	if !ok {
+		return false
+	}
+	switch t := v.(type) {
+	case bool:
+		return t
+	case string:
+		b, _ := strconv.ParseBool(t)
+		return b
+	}
+	return false
+}
+
+// CreateSoftwareDeployment validates and records a deployment (WAITING,
+// round 1) and calls start (which starts its workflow) inside the same
+// database transaction, so nothing is recorded if the start fails.
+func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploymentInput, start func(*SoftwareDeployment) error) (*SoftwareDeployment, error) {
+	if in.ConfigID == 0 {
+		return nil, Invalid("config_id", "is required")
+	}
+	if in.Server == "" {
+		return nil, Invalid("server_id", "is required (a node id or name)")
+	}
+	action, err := checkAction(in.Action, true)
+	if err != nil {
+		return nil, err
+	}
+	if in.TimeoutSec == 0 {
+		in.TimeoutSec = DefaultSoftwareTimeoutSec
+	}
+	if in.TimeoutSec < 1 || in.TimeoutSec > 7*24*3600 {
+		return nil, Invalid("timeout_sec", "must be between 1 and 604800 seconds")
+	}
+	if in.InputValues == nil {
+		in.InputValues = map[string]any{}
+	}
+	var d *SoftwareDeployment
+	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var cfg SoftwareConfig
+		err := tx.Take(&cfg, in.ConfigID).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return Invalid("config_id", "no software config %d", in.ConfigID)
+		}
+		if err != nil {
+			return fmt.Errorf("load software config %d: %w", in.ConfigID, err)
+		}
+		node, err := (&Store{DB: tx}).Node(ctx, in.Server)
+		if errors.Is(err, ErrNotFound) {
+			return Invalid("server_id", "no node with id or name %q", in.Server)
+		}
+		if err != nil {
+			return err
+		}
+		origin, err := s.softwareOrigin(tx, in.Deployment, &cfg, node)
+		if err != nil {
+			return err
+		}
+		if err := checkInputValues(tx, &cfg, in.InputValues, 0); err != nil {
+			return err
+		}
+		d = &SoftwareDeployment{
+			ConfigID: cfg.ID, NodeID: node.ID, DeploymentID: &origin, InputValues: in.InputValues,
+			ResolvedInputs: map[string]any{}, OutputValues: map[string]any{}, Action: action,
+			Status: SoftwareWaiting, TimeoutSec: in.TimeoutSec, Round: 1,
+		}
+		if err := tx.Omit("version").Create(d).Error; err != nil {
+			return fmt.Errorf("create software deployment: %w", err)
+		}
+		d.WorkflowID = SoftwareWorkflowID(d.ID)
+		d.ServerName, d.Config = node.Name, &cfg
+		if err := start(d); err != nil { // may scope the workflow ID
+			return err
+		}
+		if err := tx.Model(d).Update("workflow_id", d.WorkflowID).Error; err != nil {
+			return fmt.Errorf("create software deployment: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// softwareOrigin applies the deployment policy: a node takes software
+// deployments only on behalf of its own deployment (cluster), unless its
+// attribute accept_foreign_configs is true. The origin is the request's
+// deployment, else the config's, else the node's; a config bound to another
+// deployment than the request's is refused too.
+func (s *Store) softwareOrigin(tx *gorm.DB, ref string, cfg *SoftwareConfig, node *Node) (int64, error) {
+	origin := node.DeploymentID
+	if cfg.DeploymentID != nil {
+		origin = *cfg.DeploymentID
+	}
+	if ref != "" {
+		dep, err := findDeployment(tx, ref)
+		if errors.Is(err, ErrNotFound) {
+			return 0, Invalid("deployment", "no deployment named or numbered %q", ref)
+		}
+		if err != nil {
+			return 0, err
+		}
+		if cfg.DeploymentID != nil && *cfg.DeploymentID != dep.ID {
+			return 0, fmt.Errorf("software config %d belongs to deployment %s, not to deployment %s: %w",
+				cfg.ID, deploymentName(tx, *cfg.DeploymentID), dep.Name, ErrForbidden)
+		}
+		origin = dep.ID
+	}
+	if origin != node.DeploymentID && !acceptsForeign(node) {
+		return 0, fmt.Errorf("node %s belongs to deployment %s and accepts software deployments only from it, not from deployment %s (set the node attribute %s to true to allow others): %w",
+			node.Name, deploymentName(tx, node.DeploymentID), deploymentName(tx, origin), AcceptForeignConfigs, ErrForbidden)
+	}
+	return origin, nil
+}
+
+func deploymentName(tx *gorm.DB, id int64) string {
+	var name string
+	if err := tx.Model(&Deployment{}).Where("id = ?", id).Pluck("name", &name).Error; err != nil || name == "" {
+		return strconv.FormatInt(id, 10)
+	}
+	return strconv.Quote(name)
+}
+
+// SoftwareDeploymentUpdate starts a new round of a deployment.
+type SoftwareDeploymentUpdate struct {
+	Action      string
+	InputValues map[string]any // nil: keep
+	TimeoutSec  int            // 0: keep
+}
+
+// UpdateSoftwareDeployment starts a new round (REDEPLOY or UNDEPLOY): the
+// deployment goes back to WAITING under the next round number, and start
+// (which starts the round's workflow run) is called inside the transaction.
+func (s *Store) UpdateSoftwareDeployment(ctx context.Context, id int64, up SoftwareDeploymentUpdate, start func(*SoftwareDeployment) error) (*SoftwareDeployment, error) {
+	action, err := checkAction(up.Action, false)
+	if err != nil {
+		return nil, err
+	}
+	if up.Action == "" {
+		return nil, Invalid("action", "is required: REDEPLOY or UNDEPLOY")
+	}
+	if up.TimeoutSec != 0 && (up.TimeoutSec < 1 || up.TimeoutSec > 7*24*3600) {
+		return nil, Invalid("timeout_sec", "must be between 1 and 604800 seconds")
+	}
+	var d SoftwareDeployment
+	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("software deployment", id)
+		}
+		if err != nil {
+			return fmt.Errorf("load software deployment %d: %w", id, err)
+		}
+		var cfg SoftwareConfig
+		if err := tx.Take(&cfg, d.ConfigID).Error; err != nil {
+			return fmt.Errorf("load software config %d: %w", d.ConfigID, err)
+		}
+		if up.InputValues != nil {
+			if err := checkInputValues(tx, &cfg, up.InputValues, id); err != nil {
+				return err
+			}
+			d.InputValues = up.InputValues
+		}
+		if up.TimeoutSec != 0 {
+			d.TimeoutSec = up.TimeoutSec
+		}
+		d.Round++
+		d.Action, d.Status, d.StatusReason = action, SoftwareWaiting, ""
+		err = tx.Exec(`UPDATE software_deployments SET round = ?, action = ?, status = ?, status_reason = '', input_values = ?,
+timeout_sec = ?, version = nextval('software_deployment_version_seq'), updated_at = now() WHERE id = ?`,
+			d.Round, d.Action, d.Status, swJSON(d.InputValues), d.TimeoutSec, id).Error
+		if err != nil {
+			return fmt.Errorf("start round %d of software deployment %d: %w", d.Round, id, err)
+		}
+		d.Config = &cfg
+		return start(&d)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// DeleteSoftwareDeployment removes a deployment; the caller stops its
+// workflow.
+func (s *Store) DeleteSoftwareDeployment(ctx context.Context, id int64) (*SoftwareDeployment, error) {
+	var d SoftwareDeployment
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("software deployment", id)
+		}
+		if err != nil {
+			return fmt.Errorf("load software deployment %d: %w", id, err)
+		}
+		return tx.Exec("DELETE FROM software_deployments WHERE id = ?", id).Error
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+func swJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// softwareRow is a deployment joined with its config and node.
+type softwareRow struct {
+	SoftwareDeployment
+	NodeName      string          `gorm:"column:node_name"`
+	CName         string          `gorm:"column:c_name"`
+	CGroup        string          `gorm:"column:c_group"`
+	CConfig       string          `gorm:"column:c_config"`
+	CInputs       []SoftwareIODef `gorm:"column:c_inputs;serializer:json"`
+	COutputs      []SoftwareIODef `gorm:"column:c_outputs;serializer:json"`
+	COptions      map[string]any  `gorm:"column:c_options;serializer:json"`
+	CDeploymentID *int64          `gorm:"column:c_deployment_id"`
+	CCreatedAt    time.Time       `gorm:"column:c_created_at"`
+}
+
+const softwareJoin = `
+SELECT d.*, n.name AS node_name, c.name AS c_name, c."group" AS c_group, c.config AS c_config,
+       c.inputs AS c_inputs, c.outputs AS c_outputs, c.options AS c_options,
+       c.deployment_id AS c_deployment_id, c.created_at AS c_created_at
+FROM software_deployments d
+JOIN software_configs c ON c.id = d.config_id
+JOIN nodes n ON n.id = d.node_id
+`
+
+func (r softwareRow) deployment() SoftwareDeployment {
+	d := r.SoftwareDeployment
+	d.ServerName = r.NodeName
+	d.Config = &SoftwareConfig{
+		ID: d.ConfigID, Name: r.CName, Group: r.CGroup, Config: r.CConfig, Inputs: r.CInputs,
+		Outputs: r.COutputs, Options: r.COptions, DeploymentID: r.CDeploymentID, CreatedAt: r.CCreatedAt,
+	}
+	if d.InputValues == nil {
+		d.InputValues = map[string]any{}
+	}
+	if d.OutputValues == nil {
+		d.OutputValues = map[string]any{}
+	}
+	return d
+}
+
+func scanSoftware(db *gorm.DB, where string, args ...any) ([]SoftwareDeployment, error) {
+	var rows []softwareRow
+	if err := db.Raw(softwareJoin+where, args...).Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]SoftwareDeployment, len(rows))
+	for i, r := range rows {
+		out[i] = r.deployment()
+	}
+	return out, nil
+}
+
+// SoftwareDeployment loads a deployment with its config embedded.
+func (s *Store) SoftwareDeployment(ctx context.Context, id int64) (*SoftwareDeployment, error) {
+	ds, err := scanSoftware(s.DB.WithContext(ctx), "WHERE d.id = ?", id)
+	if err != nil {
+		return nil, fmt.Errorf("load software deployment %d: %w", id, err)
+	}
+	if len(ds) == 0 {
+		return nil, notFound("software deployment", id)
+	}
+	return &ds[0], nil
+}
+
+// ServerSoftwareDeployments is Heat's deployments index: every deployment of
+// the node (id or name) with its config data, in one SQL query. Only an
+// empty answer costs a second query, to tell an unknown node (404) from a
+// node without deployments.
+func (s *Store) ServerSoftwareDeployments(ctx context.Context, server string) ([]SoftwareDeployment, error) {
+	db := s.DB.WithContext(ctx)
+	var ds []SoftwareDeployment
+	var err error
+	if id, perr := strconv.ParseInt(server, 10, 64); perr == nil {
+		ds, err = scanSoftware(db, "WHERE d.node_id = ? ORDER BY d.id", id)
+	} else {
+		ds, err = scanSoftware(db, "WHERE n.name = ? ORDER BY d.id", server)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list software deployments of %s: %w", server, err)
+	}
+	if len(ds) == 0 {
+		if _, err := s.Node(ctx, server); err != nil {
+			return nil, err
+		}
+	}
+	return ds, nil
+}
+
+// SoftwareDeployments lists every deployment with its config (no filter).
+func (s *Store) SoftwareDeployments(ctx context.Context) ([]SoftwareDeployment, error) {
+	ds, err := scanSoftware(s.DB.WithContext(ctx), "ORDER BY d.id")
+	if err != nil {
+		return nil, fmt.Errorf("list software deployments: %w", err)
+	}
+	return ds, nil
+}
+
+// AgentSoftwareVersion is the node's software version: it changes whenever
+// one of the node's deployments changes.
+func (s *Store) AgentSoftwareVersion(ctx context.Context, nodeID int64) (int64, error) {
+	var v int64
+	err := s.DB.WithContext(ctx).Raw("SELECT COALESCE(MAX(version), 0) FROM software_deployments WHERE node_id = ?", nodeID).Scan(&v).Error
+	if err != nil {
+		return 0, fmt.Errorf("software version of node %d: %w", nodeID, err)
+	}
+	return v, nil
+}
+
+// AgentSoftwareDeployments lists the node's deployments awaiting its agent:
+// in progress and not yet signalled for their round.
+func (s *Store) AgentSoftwareDeployments(ctx context.Context, nodeID int64) ([]SoftwareDeployment, error) {
+	ds, err := scanSoftware(s.DB.WithContext(ctx),
+		"WHERE d.node_id = ? AND d.status = ? AND d.signaled_round < d.round ORDER BY d.id", nodeID, SoftwareInProgress)
+	if err != nil {
+		return nil, fmt.Errorf("software deployments of node %d: %w", nodeID, err)
+	}
+	return ds, nil
+}
+
+// ErrRoundNotYetVisible means a round's row (or its round number) is not
+// in Postgres yet: the transaction that starts the round has not committed,
+// or it rolled back. Retrying tells which.
+var ErrRoundNotYetVisible = errors.New("not recorded (yet)")
+
+// SoftwarePrepared is what starting a round found.
+type SoftwarePrepared struct {
+	// Stale: the deployment has moved on to another round (or is gone).
+	Stale bool `json:"stale,omitempty"`
+	// Final: the round has already ended (Status says how).
+	Final  bool   `json:"final,omitempty"`
+	Status string `json:"status"`
+	// Ready: the round is IN_PROGRESS, handed to the node's agent.
+	Ready bool `json:"ready,omitempty"`
+	// WaitingFor lists referenced deployments that are not COMPLETE yet.
+	WaitingFor []int64 `json:"waiting_for,omitempty"`
+	// Failed explains why the round cannot start (a reference failed).
+	Failed       string   `json:"failed,omitempty"`
+	TimeoutSec   int      `json:"timeout_sec"`
+	ErrorOutputs []string `json:"error_outputs,omitempty"`
+	Node         string   `json:"node"`
+	Config       string   `json:"config"`
+}
+
+// PrepareSoftwareRound starts a round: it resolves get_attr references
+// (a reference to a deployment that is not COMPLETE yet makes the round
+// wait; a FAILED one fails it), fills defaults and marks the deployment
+// IN_PROGRESS, waking the node's agent. Idempotent.
+func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (*SoftwarePrepared, error) {
+	var p SoftwarePrepared
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var d SoftwareDeployment
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			// The workflow starts inside the transaction that records the
+			// deployment: the row may not be committed yet.
+			return fmt.Errorf("software deployment %d: %w", id, ErrRoundNotYetVisible)
+		}
+		if err != nil {
+			return fmt.Errorf("load software deployment %d: %w", id, err)
+		}
+		p.Status, p.TimeoutSec = d.Status, d.TimeoutSec
+		if d.Round < round {
+			return fmt.Errorf("software deployment %d round %d: %w", id, round, ErrRoundNotYetVisible)
+		}
+		if d.Round > round {
+			p.Stale = true
+			return nil
+		}
+		var cfg SoftwareConfig
+		if err := tx.Take(&cfg, d.ConfigID).Error; err != nil {
+			return fmt.Errorf("load software config %d: %w", d.ConfigID, err)
+		}
+		var node Node
+		if err := tx.Select("name").Take(&node, d.NodeID).Error; err != nil {
+			return fmt.Errorf("load node %d: %w", d.NodeID, err)
+		}
+		p.ErrorOutputs, p.Node, p.Config = cfg.ErrorOutputs(), node.Name, cfg.Name
+		switch d.Status {
+		case SoftwareComplete, SoftwareFailed:
+			p.Final = true
+			return nil
+		case SoftwareInProgress:
+			p.Ready = true
+			return nil
+		}
+		resolved := map[string]any{}
+		for _, in := range cfg.Inputs {
+			if in.Default != nil {
+				resolved[in.Name] = in.Default
+			}
+		}
+		names := make([]string, 0, len(d.InputValues))
+		for k := range d.InputValues {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			v := d.InputValues[name]
+			refID, output, isRef, err := getAttr(v)
+			if err != nil {
+				p.Failed = fmt.Sprintf("input %s: %v", name, err)
+				return nil
+			}
+			if !isRef {
+				resolved[name] = v
+				continue
+			}
+			var ref SoftwareDeployment
+			err = tx.Select("id", "status", "status_reason", "output_values").Take(&ref, refID).Error
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				p.Failed = fmt.Sprintf("input %s: get_attr refers to software deployment %d, which no longer exists", name, refID)
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("load software deployment %d: %w", refID, err)
+			}
+			switch ref.Status {
+			case SoftwareFailed:
+				p.Failed = fmt.Sprintf("input %s: get_attr refers to software deployment %d, which FAILED (%s)", name, refID, ref.StatusReason)
+				return nil
+			case SoftwareComplete:
+			default:
+				if !slices.Contains(p.WaitingFor, refID) {
+					p.WaitingFor = append(p.WaitingFor, refID)
+				}
+				continue
+			}
+			val, ok := ref.OutputValues[output]
+			if !ok {
+				p.Failed = fmt.Sprintf("input %s: software deployment %d completed without output %q", name, refID, output)
+				return nil
+			}
+			resolved[name] = val
+		}
+		if len(p.WaitingFor) > 0 {
+			reason := fmt.Sprintf("waiting for software deployment(s) %s to complete (get_attr)", joinIDs(p.WaitingFor))
+			if d.StatusReason != reason {
+				return tx.Model(&SoftwareDeployment{}).Where("id = ?", id).Update("status_reason", reason).Error
+			}
+			return nil
+		}
+		var n []notifiedRow
+		err = tx.Raw(`UPDATE software_deployments SET status = ?, status_reason = '', resolved_inputs = ?,
+version = nextval('software_deployment_version_seq'), updated_at = now()
+WHERE id = ? AND round = ? RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
+			SoftwareInProgress, swJSON(resolved), id, round, WorkChannel).Scan(&n).Error
+		if err != nil {
+			return fmt.Errorf("start round %d of software deployment %d: %w", round, id, err)
+		}
+		p.Ready, p.Status = true, SoftwareInProgress
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// FinishSoftwareRound records how a round ended; the outputs the agent
+// signalled for it (with deploy_stdout, deploy_stderr, deploy_status_code)
+// become the deployment's output values. It reports false when the round
+// had already ended or is not the current one (idempotent).
+func (s *Store) FinishSoftwareRound(ctx context.Context, id int64, round int, status, reason string) (bool, error) {
+	var n []notifiedRow
+	err := s.DB.WithContext(ctx).Raw(`UPDATE software_deployments SET status = ?, status_reason = ?,
+output_values = CASE WHEN signaled_round = round THEN
+    COALESCE(signal->'outputs', '{}'::jsonb) || jsonb_build_object(
+        'deploy_stdout', COALESCE(signal->'deploy_stdout', '""'::jsonb),
+        'deploy_stderr', COALESCE(signal->'deploy_stderr', '""'::jsonb),
+        'deploy_status_code', COALESCE(signal->'deploy_status_code', '0'::jsonb))
+  ELSE output_values END,
+version = nextval('software_deployment_version_seq'), updated_at = now()
+WHERE id = ? AND round = ? AND status IN ?
+RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
+		status, stripNUL(reason), id, round, []string{SoftwareWaiting, SoftwareInProgress}, WorkChannel).Scan(&n).Error
+	if err != nil {
+		return false, fmt.Errorf("finish round %d of software deployment %d: %w", round, id, err)
+	}
+	return len(n) > 0, nil
+}
+
+type notifiedRow struct {
+	ID       int64
+	Notified bool
+}
+
+// SoftwareSignalSummary is what a deployment's workflow is told of the
+// agent's signal: the round, the status code and reason, and the non-empty
+// outputs (values cut to a short excerpt; the full values stay in Postgres).
+type SoftwareSignalSummary struct {
+	Round        int               `json:"round"`
+	StatusCode   int               `json:"status_code"`
+	StatusReason string            `json:"status_reason,omitempty"`
+	Present      map[string]string `json:"present,omitempty"`
+}
+
+// RecordedSignal says what RecordSoftwareSignal did.
+type RecordedSignal struct {
+	Deployment *SoftwareDeployment
+	Summary    SoftwareSignalSummary
+	// Fresh is false when this round had been signalled before.
+	Fresh bool
+}
+
+// SoftwareValueEmpty reports whether a signalled value counts as no value (Heat's
+// truthiness: null, "", false, 0, [] and {} are empty).
+func SoftwareValueEmpty(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch t := v.(type) {
+	case string:
+		return t == ""
+	case bool:
+		return !t
+	case float64:
+		return t == 0
+	case int64:
+		return t == 0
+	case int:
+		return t == 0
+	case json.Number:
+		f, err := t.Float64()
+		return err == nil && f == 0
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Slice, reflect.Map:
+		return rv.Len() == 0
+	}
+	return false
+}
+
+func excerpt(v any) string {
+	s, ok := v.(string)
+	if !ok {
+		s = swJSON(v)
+	}
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return strings.ToValidUTF8(s, "?")
+}
+
+// RecordSoftwareSignal stores the agent's signal for the current round of
+// a deployment of its own node. A repeated signal for a round changes
+// nothing (Fresh false); a signal for another round, or for a round that is
+// not in progress, is a conflict.
+func (s *Store) RecordSoftwareSignal(ctx context.Context, nodeID, id int64, sig protocol.SoftwareSignal) (*RecordedSignal, error) {
+	var rec RecordedSignal
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var d SoftwareDeployment
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("software deployment", id)
+		}
+		if err != nil {
+			return fmt.Errorf("load software deployment %d: %w", id, err)
+		}
+		if d.NodeID != nodeID {
+			return fmt.Errorf("software deployment %d belongs to another node: %w", id, ErrForbidden)
+		}
+		rec.Deployment = &d
+		round := sig.Round
+		if round == 0 {
+			round = d.Round
+		}
+		if round != d.Round {
+			return &ConflictError{Reason: fmt.Sprintf("software deployment %d is in round %d, not %d; the signal is for an old round", id, d.Round, round)}
+		}
+		rec.Summary = summarize(round, sig)
+		if d.SignaledRound == round {
+			return nil // repeated: the first signal stands
+		}
+		if d.Status != SoftwareInProgress {
+			return &ConflictError{Reason: fmt.Sprintf("software deployment %d round %d is %s, not IN_PROGRESS (%s)", id, round, d.Status, d.StatusReason)}
+		}
+		stored := storedSignal{Outputs: sig.Outputs, Stdout: stripNUL(sig.Stdout), Stderr: stripNUL(sig.Stderr),
+			StatusCode: sig.StatusCode, StatusReason: stripNUL(sig.StatusReason)}
+		err = tx.Exec("UPDATE software_deployments SET signaled_round = ?, signal = ?, updated_at = now() WHERE id = ?",
+			round, stripNUL(swJSON(stored)), id).Error
+		if err != nil {
+			return fmt.Errorf("record signal of software deployment %d: %w", id, err)
+		}
+		d.SignaledRound = round
+		rec.Fresh = true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+func summarize(round int, sig protocol.SoftwareSignal) SoftwareSignalSummary {
+	sum := SoftwareSignalSummary{Round: round, StatusCode: sig.StatusCode, StatusReason: excerpt(sig.StatusReason)}
+	if sig.StatusReason == "" {
+		sum.StatusReason = ""
+	}
+	for k, v := range sig.Outputs {
+		if !SoftwareValueEmpty(v) {
+			if sum.Present == nil {
+				sum.Present = map[string]string{}
+			}
+			sum.Present[k] = excerpt(v)
+		}
+	}
+	return sum
+}
+
+// SetAcceptForeignConfigs sets the node's deployment policy attribute.
+func (s *Store) SetAcceptForeignConfigs(ctx context.Context, ref string, accept bool) (*Node, error) {
+	node, err := s.Node(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	err = s.DB.WithContext(ctx).Exec(`UPDATE nodes SET attributes = jsonb_set(COALESCE(attributes, '{}'::jsonb), ?, to_jsonb(?::boolean)), updated_at = now() WHERE id = ?`,
+		"{"+AcceptForeignConfigs+"}", accept, node.ID).Error
+	if err != nil {
+		return nil, fmt.Errorf("set the software policy of node %s: %w", node.Name, err)
+	}
+	return s.Node(ctx, strconv.FormatInt(node.ID, 10))
+}

@@ -1,0 +1,408 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/sdk/client"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+// softwareRoutes serves Heat's software configs and deployments to
+// operators, and their delivery to node agents (long poll and signal).
+func (s *Server) softwareRoutes(admin, agent *echo.Group) {
+	admin.POST("/software_configs", s.createSoftwareConfig)
+	admin.GET("/software_configs", s.listSoftwareConfigs)
+	admin.GET("/software_configs/:id", s.getSoftwareConfig)
+	admin.DELETE("/software_configs/:id", s.deleteSoftwareConfig)
+	admin.PUT("/software_configs/:id", s.immutableSoftwareConfig)
+	admin.PATCH("/software_configs/:id", s.immutableSoftwareConfig)
+	admin.POST("/software_deployments", s.createSoftwareDeployment)
+	admin.GET("/software_deployments", s.listSoftwareDeployments)
+	admin.GET("/software_deployments/:id", s.getSoftwareDeployment)
+	admin.PUT("/software_deployments/:id", s.updateSoftwareDeployment)
+	admin.DELETE("/software_deployments/:id", s.deleteSoftwareDeployment)
+	admin.PUT("/nodes/:id/software_policy", s.setSoftwarePolicy)
+
+	agent.GET("/software_deployments", s.agentSoftwareDeployments)
+	agent.POST("/software_deployments/:id/signal", s.agentSoftwareSignal)
+}
+
+func softwareIDParam(c echo.Context, what string) (int64, error) {
+	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, &models.InputError{Status: http.StatusBadRequest, Field: "id", Reason: fmt.Sprintf("%q is not a %s id", c.Param("id"), what)}
+	}
+	return id, nil
+}
+
+// idOrName is a node or deployment given by name or by numeric id.
+type idOrName string
+
+// UnmarshalJSON accepts a string or an integer.
+func (r *idOrName) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*r = idOrName(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err == nil {
+		if _, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+			*r = idOrName(n)
+			return nil
+		}
+	}
+	return &json.UnmarshalTypeError{Value: string(b), Type: reflect.TypeOf("")}
+}
+
+func (s *Server) createSoftwareConfig(c echo.Context) error {
+	var req models.SoftwareConfigInput
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	cfg, err := s.cfg.Store.CreateSoftwareConfig(c.Request().Context(), req)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, cfg)
+}
+
+func (s *Server) listSoftwareConfigs(c echo.Context) error {
+	cfgs, err := s.cfg.Store.SoftwareConfigs(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, cfgs)
+}
+
+func (s *Server) getSoftwareConfig(c echo.Context) error {
+	id, err := softwareIDParam(c, "software config")
+	if err != nil {
+		return err
+	}
+	cfg, err := s.cfg.Store.SoftwareConfig(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, cfg)
+}
+
+func (s *Server) deleteSoftwareConfig(c echo.Context) error {
+	id, err := softwareIDParam(c, "software config")
+	if err != nil {
+		return err
+	}
+	if err := s.cfg.Store.DeleteSoftwareConfig(c.Request().Context(), id); err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+// immutableSoftwareConfig answers PUT and PATCH: configs never change.
+func (s *Server) immutableSoftwareConfig(c echo.Context) error {
+	c.Response().Header().Set("Allow", "GET, DELETE")
+	return apiError(http.StatusMethodNotAllowed, "immutable",
+		"software configs are immutable: create a new config with POST /api/v1/software_configs (and point deployments at it) instead of changing this one")
+}
+
+type softwareDeploymentRequest struct {
+	ConfigID    int64          `json:"config_id"`
+	ServerID    idOrName       `json:"server_id"`
+	InputValues map[string]any `json:"input_values"`
+	Action      string         `json:"action"`
+	TimeoutSec  int            `json:"timeout_sec"`
+	Deployment  idOrName       `json:"deployment"`
+}
+
+func (s *Server) createSoftwareDeployment(c echo.Context) error {
+	var req softwareDeploymentRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	d, err := s.cfg.Store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{
+		ConfigID: req.ConfigID, Server: string(req.ServerID), InputValues: req.InputValues,
+		Action: req.Action, TimeoutSec: req.TimeoutSec, Deployment: string(req.Deployment),
+	}, func(d *models.SoftwareDeployment) error { return s.startSoftwareRound(ctx, d, false) })
+	if err != nil {
+		return err
+	}
+	s.log.Info("software deployment created", "software_deployment", d.ID, "node", d.ServerName, "config", d.ConfigID,
+		"action", d.Action, "workflow_id", d.WorkflowID)
+	return c.JSON(http.StatusCreated, d)
+}
+
+// startSoftwareRound starts the round's run of workflow swd-<id> (prefixed
+// with "<task queue>/" when the task queue is not the default "anneal"); a
+// new round replaces a run of an earlier round that is still open.
+func (s *Server) startSoftwareRound(ctx context.Context, d *models.SoftwareDeployment, replace bool) error {
+	cfgName := ""
+	if d.Config != nil {
+		cfgName = d.Config.Name
+	}
+	if !replace && s.cfg.TaskQueue != "" && s.cfg.TaskQueue != "anneal" {
+		d.WorkflowID = s.cfg.TaskQueue + "/" + models.SoftwareWorkflowID(d.ID)
+	}
+	opts := client.StartWorkflowOptions{
+		ID:        d.WorkflowID,
+		TaskQueue: s.cfg.TaskQueue,
+		Memo: map[string]any{
+			"software_deployment": d.ID, "round": d.Round, "action": d.Action, "config": cfgName, "node_id": d.NodeID,
+		},
+		StaticSummary:                            fmt.Sprintf("%s software config %q on node %d (round %d)", d.Action, cfgName, d.NodeID, d.Round),
+		WorkflowExecutionErrorWhenAlreadyStarted: true,
+		WorkflowIDReusePolicy:                    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
+	}
+	if replace {
+		opts.WorkflowIDConflictPolicy = enumspb.WORKFLOW_ID_CONFLICT_POLICY_TERMINATE_EXISTING
+	}
+	in := workflows.SoftwareInput{DeploymentID: d.ID, Round: d.Round, Action: d.Action}
+	if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.SoftwareDeploymentWorkflow, in); err != nil {
+		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the software deployment workflow; nothing was recorded: "+err.Error())
+	}
+	return nil
+}
+
+func (s *Server) listSoftwareDeployments(c echo.Context) error {
+	ctx := c.Request().Context()
+	var ds []models.SoftwareDeployment
+	var err error
+	if server := c.QueryParam("server_id"); server != "" {
+		ds, err = s.cfg.Store.ServerSoftwareDeployments(ctx, server)
+	} else {
+		ds, err = s.cfg.Store.SoftwareDeployments(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	if ds == nil {
+		ds = []models.SoftwareDeployment{}
+	}
+	return c.JSON(http.StatusOK, ds)
+}
+
+func (s *Server) getSoftwareDeployment(c echo.Context) error {
+	id, err := softwareIDParam(c, "software deployment")
+	if err != nil {
+		return err
+	}
+	d, err := s.cfg.Store.SoftwareDeployment(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, d)
+}
+
+type softwareRoundRequest struct {
+	Action      string         `json:"action"`
+	InputValues map[string]any `json:"input_values"`
+	TimeoutSec  int            `json:"timeout_sec"`
+}
+
+// updateSoftwareDeployment starts a new round: REDEPLOY or UNDEPLOY.
+func (s *Server) updateSoftwareDeployment(c echo.Context) error {
+	id, err := softwareIDParam(c, "software deployment")
+	if err != nil {
+		return err
+	}
+	var req softwareRoundRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	d, err := s.cfg.Store.UpdateSoftwareDeployment(ctx, id, models.SoftwareDeploymentUpdate{
+		Action: req.Action, InputValues: req.InputValues, TimeoutSec: req.TimeoutSec,
+	}, func(d *models.SoftwareDeployment) error { return s.startSoftwareRound(ctx, d, true) })
+	if err != nil {
+		return err
+	}
+	s.log.Info("software deployment round started", "software_deployment", d.ID, "round", d.Round, "action", d.Action)
+	d, err = s.cfg.Store.SoftwareDeployment(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, d)
+}
+
+func (s *Server) deleteSoftwareDeployment(c echo.Context) error {
+	id, err := softwareIDParam(c, "software deployment")
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	d, err := s.cfg.Store.DeleteSoftwareDeployment(ctx, id)
+	if err != nil {
+		return err
+	}
+	err = s.cfg.Temporal.TerminateWorkflow(ctx, d.WorkflowID, "", "software deployment deleted")
+	var nf *serviceerror.NotFound
+	if err != nil && !errors.As(err, &nf) {
+		s.log.Warn("could not stop the workflow of a deleted software deployment", "workflow_id", d.WorkflowID, "error", err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+type softwarePolicyRequest struct {
+	AcceptForeignConfigs bool `json:"accept_foreign_configs"`
+}
+
+// setSoftwarePolicy sets the node's deployment policy: whether it accepts
+// software deployments from other deployments (clusters) than its own.
+func (s *Server) setSoftwarePolicy(c echo.Context) error {
+	var req softwarePolicyRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	node, err := s.cfg.Store.SetAcceptForeignConfigs(c.Request().Context(), c.Param("id"), req.AcceptForeignConfigs)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, node)
+}
+
+// agentSoftwareDeployments is the agent's long poll for its node's software
+// deployments awaiting it. ?version= (or If-None-Match) is the version the
+// agent last saw: a different current version is answered at once with the
+// list; the same one is held until it changes (a NOTIFY on the work channel
+// wakes the poll) or ?wait= (default 25s) passes, then answered 304.
+func (s *Server) agentSoftwareDeployments(c echo.Context) error {
+	nodeID := principal(c).NodeID
+	have := c.QueryParam("version")
+	if have == "" {
+		have = strings.Trim(c.Request().Header.Get("If-None-Match"), `"`)
+	}
+	wait := defaultPollWait
+	if w := c.QueryParam("wait"); w != "" {
+		d, err := time.ParseDuration(w)
+		if err != nil || d < 0 {
+			return &models.InputError{Status: http.StatusBadRequest, Field: "wait", Reason: fmt.Sprintf("%q is not a duration like 25s", w)}
+		}
+		wait = min(d, maxPollWait)
+	}
+	ctx := c.Request().Context()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		woken, cancel := s.hub.wait(nodeID)
+		v, err := s.cfg.Store.AgentSoftwareVersion(ctx, nodeID)
+		if err != nil {
+			cancel()
+			return err
+		}
+		version := strconv.FormatInt(v, 10)
+		if version != have {
+			cancel()
+			ds, err := s.cfg.Store.AgentSoftwareDeployments(ctx, nodeID)
+			if err != nil {
+				return err
+			}
+			resp := protocol.SoftwareDeploymentsResponse{Version: version, Deployments: make([]protocol.SoftwareDeployment, 0, len(ds))}
+			for _, d := range ds {
+				resp.Deployments = append(resp.Deployments, agentSoftware(d))
+			}
+			c.Response().Header().Set("ETag", `"`+version+`"`)
+			return c.JSON(http.StatusOK, resp)
+		}
+		recheck := time.NewTimer(pollRecheck)
+		select {
+		case <-woken:
+		case <-recheck.C:
+		case <-deadline.C:
+			cancel()
+			recheck.Stop()
+			c.Response().Header().Set("ETag", `"`+version+`"`)
+			return c.NoContent(http.StatusNotModified)
+		case <-ctx.Done():
+			cancel()
+			recheck.Stop()
+			return ctx.Err()
+		}
+		cancel()
+		recheck.Stop()
+	}
+}
+
+// agentSoftware is a deployment as the agent's hooks see it: the config's
+// inputs with their resolved values, plus deploy_server_id, deploy_action
+// and deploy_round.
+func agentSoftware(d models.SoftwareDeployment) protocol.SoftwareDeployment {
+	out := protocol.SoftwareDeployment{
+		ID: d.ID, Round: d.Round, Action: d.Action, Server: d.ServerName, TimeoutSec: d.TimeoutSec,
+		InputValues: map[string]any{}, Inputs: []protocol.SoftwareIO{}, Outputs: []protocol.SoftwareIO{}, Options: map[string]any{},
+	}
+	if d.Config != nil {
+		out.Name, out.Group, out.Config = d.Config.Name, d.Config.Group, d.Config.Config
+		if d.Config.Options != nil {
+			out.Options = d.Config.Options
+		}
+		for _, in := range d.Config.Inputs {
+			v, ok := d.ResolvedInputs[in.Name]
+			if ok {
+				out.InputValues[in.Name] = v
+			}
+			out.Inputs = append(out.Inputs, protocol.SoftwareIO{Name: in.Name, Type: in.Type, Description: in.Description, Default: in.Default, Value: v})
+		}
+		for _, o := range d.Config.Outputs {
+			out.Outputs = append(out.Outputs, protocol.SoftwareIO{Name: o.Name, Type: o.Type, Description: o.Description, ErrorOutput: o.ErrorOutput})
+		}
+	}
+	for _, extra := range []protocol.SoftwareIO{
+		{Name: "deploy_server_id", Type: "String", Description: "the node's name", Value: d.ServerName},
+		{Name: "deploy_action", Type: "String", Description: "DEPLOY, REDEPLOY or UNDEPLOY", Value: d.Action},
+		{Name: "deploy_round", Type: "Number", Description: "the round of the deployment the signal is for", Value: d.Round},
+	} {
+		out.Inputs = append(out.Inputs, extra)
+		out.InputValues[extra.Name] = extra.Value
+	}
+	return out
+}
+
+// agentSoftwareSignal takes the agent's signal for a deployment of its own
+// node: stored in Postgres, then sent to the deployment's workflow. A
+// repeated signal for the same round changes nothing and answers 200.
+func (s *Server) agentSoftwareSignal(c echo.Context) error {
+	id, err := softwareIDParam(c, "software deployment")
+	if err != nil {
+		return err
+	}
+	var sig protocol.SoftwareSignal
+	if err := json.NewDecoder(c.Request().Body).Decode(&sig); err != nil {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "a signal is a JSON object of outputs with deploy_stdout, deploy_stderr, deploy_status_code: " + err.Error()}
+	}
+	ctx := c.Request().Context()
+	rec, err := s.cfg.Store.RecordSoftwareSignal(ctx, principal(c).NodeID, id, sig)
+	if err != nil {
+		return err
+	}
+	d := rec.Deployment
+	log := s.log.With("software_deployment", d.ID, "round", rec.Summary.Round, "workflow_id", d.WorkflowID)
+	if d.Status == models.SoftwareInProgress {
+		// Sent again for a repeated signal too: the first send may have
+		// failed; the workflow takes only the first one of its round.
+		err := s.cfg.Temporal.SignalWorkflow(ctx, d.WorkflowID, "", workflows.SignalSoftware, rec.Summary)
+		var nf *serviceerror.NotFound
+		switch {
+		case errors.As(err, &nf):
+			log.Warn("signal for a round no longer awaited", "error", err)
+			return apiError(http.StatusConflict, "round_not_awaited", fmt.Sprintf("software deployment %d round %d is no longer awaited (its workflow has ended)", d.ID, rec.Summary.Round))
+		case err != nil:
+			return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "signal stored but the workflow could not be told; send it again: "+err.Error())
+		}
+	}
+	log.Info("software deployment signalled", "status_code", rec.Summary.StatusCode, "repeated", !rec.Fresh)
+	return c.JSON(http.StatusOK, map[string]any{"id": d.ID, "round": rec.Summary.Round, "status": d.Status, "repeated": !rec.Fresh})
+}

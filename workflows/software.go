@@ -1,0 +1,179 @@
+package workflows
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// SoftwareDeploymentWorkflow is the workflow type of one round of a Heat
+// software deployment; its ID is swd-<deployment id> (models.SoftwareWorkflowID)
+// and each round (DEPLOY, REDEPLOY, UNDEPLOY) is a new run of that ID.
+const SoftwareDeploymentWorkflow = "SoftwareDeployment"
+
+// SignalSoftware carries a models.SoftwareSignalSummary from the API (when
+// the node's agent posts its signal) to the deployment's workflow.
+const SignalSoftware = "software-signal"
+
+// While a deployment's input references another deployment that is not
+// COMPLETE yet, the workflow polls Postgres (an activity) on a timer that
+// backs off from the first to the maximum interval, within its timeout.
+const (
+	SoftwareRefPollFirst = 2 * time.Second
+	SoftwareRefPollMax   = 30 * time.Second
+)
+
+// SoftwareInput starts a round of a software deployment.
+type SoftwareInput struct {
+	DeploymentID int64  `json:"deployment_id"`
+	Round        int    `json:"round"`
+	Action       string `json:"action"`
+}
+
+// SoftwareResult is how the round ended.
+type SoftwareResult struct {
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// EvaluateSoftwareSignal decides a round from the agent's signal: a
+// non-zero deploy_status_code fails it, and so does any non-empty value for
+// an output flagged error_output; otherwise it is COMPLETE.
+func EvaluateSoftwareSignal(errorOutputs []string, sig models.SoftwareSignalSummary) (status, reason string) {
+	if sig.StatusCode != 0 {
+		reason = fmt.Sprintf("deploy_status_code %d", sig.StatusCode)
+		if sig.StatusReason != "" {
+			reason += ": " + sig.StatusReason
+		}
+		return models.SoftwareFailed, reason
+	}
+	var bad []string
+	for _, name := range errorOutputs {
+		if v, ok := sig.Present[name]; ok {
+			bad = append(bad, fmt.Sprintf("%s=%q", name, v))
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return models.SoftwareFailed, "error output signalled: " + strings.Join(bad, ", ")
+	}
+	return models.SoftwareComplete, ""
+}
+
+// SoftwareDeployment runs one round of a software deployment: it waits for
+// the deployments its inputs reference (get_attr) to complete, hands the
+// deployment to the node's agent (IN_PROGRESS) and waits for the agent's
+// signal; the round's timeout (timeout_sec, counted from the start of the
+// run) fails it. A signal for another round is ignored, so repeated
+// signals change nothing.
+func SoftwareDeployment(ctx workflow.Context, in SoftwareInput) (*SoftwareResult, error) {
+	var a *activities.Activities
+	log := workflow.GetLogger(ctx)
+	round := activities.SoftwareRound{DeploymentID: in.DeploymentID, Round: in.Round}
+	start := workflow.GetInfo(ctx).WorkflowStartTime
+	if start.IsZero() {
+		start = workflow.Now(ctx)
+	}
+	signals := workflow.GetSignalChannel(ctx, SignalSoftware)
+
+	var p models.SoftwarePrepared
+	poll := SoftwareRefPollFirst
+	for {
+		if err := workflow.ExecuteActivity(stateActivity(ctx), a.PrepareSoftwareRound, round).Get(ctx, &p); err != nil {
+			return nil, fmt.Errorf("start round %d of software deployment %d: %w", in.Round, in.DeploymentID, err)
+		}
+		switch {
+		case p.Stale:
+			log.Info("software deployment moved on to another round", "software_deployment", in.DeploymentID, "round", in.Round)
+			return &SoftwareResult{Status: "STALE", Reason: "the deployment moved on to another round or was deleted"}, nil
+		case p.Final:
+			return &SoftwareResult{Status: p.Status}, nil
+		case p.Failed != "":
+			return finishSoftware(ctx, round, models.SoftwareFailed, p.Failed)
+		}
+		if p.Ready {
+			break
+		}
+		remaining := start.Add(time.Duration(p.TimeoutSec) * time.Second).Sub(workflow.Now(ctx))
+		if remaining <= 0 {
+			return finishSoftware(ctx, round, models.SoftwareFailed, fmt.Sprintf(
+				"timed out after %ds waiting for software deployment(s) %s to complete (get_attr)", p.TimeoutSec, softwareIDs(p.WaitingFor)))
+		}
+		if err := workflow.Sleep(ctx, min(poll, remaining)); err != nil {
+			return cancelledSoftware(ctx, round)
+		}
+		poll = min(poll*2, SoftwareRefPollMax)
+	}
+
+	remaining := start.Add(time.Duration(p.TimeoutSec) * time.Second).Sub(workflow.Now(ctx))
+	timerCtx, cancelTimer := workflow.WithCancel(ctx)
+	timer := workflow.NewTimer(timerCtx, max(remaining, time.Millisecond))
+	var got *models.SoftwareSignalSummary
+	timedOut := false
+	for got == nil && !timedOut && ctx.Err() == nil {
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(signals, func(c workflow.ReceiveChannel, _ bool) {
+			var sig models.SoftwareSignalSummary
+			c.Receive(ctx, &sig)
+			if sig.Round == in.Round {
+				got = &sig
+			} else {
+				log.Warn("ignoring a signal for another round", "software_deployment", in.DeploymentID, "round", in.Round, "signal_round", sig.Round)
+			}
+		})
+		sel.AddFuture(timer, func(f workflow.Future) {
+			if f.Get(ctx, nil) == nil {
+				timedOut = true
+			}
+		})
+		sel.AddReceive(ctx.Done(), func(workflow.ReceiveChannel, bool) {})
+		sel.Select(ctx)
+	}
+	cancelTimer()
+	switch {
+	case got != nil:
+		status, reason := EvaluateSoftwareSignal(p.ErrorOutputs, *got)
+		return finishSoftware(ctx, round, status, reason)
+	case timedOut:
+		return finishSoftware(ctx, round, models.SoftwareFailed, fmt.Sprintf(
+			"timed out after %ds: the agent of node %s did not signal round %d", p.TimeoutSec, p.Node, in.Round))
+	default:
+		return cancelledSoftware(ctx, round)
+	}
+}
+
+func finishSoftware(ctx workflow.Context, round activities.SoftwareRound, status, reason string) (*SoftwareResult, error) {
+	var a *activities.Activities
+	if err := workflow.ExecuteActivity(stateActivity(ctx), a.FinishSoftwareRound, activities.SoftwareEnd{
+		SoftwareRound: round, Status: status, Reason: reason,
+	}).Get(ctx, nil); err != nil {
+		return nil, fmt.Errorf("record the end of round %d of software deployment %d: %w", round.Round, round.DeploymentID, err)
+	}
+	return &SoftwareResult{Status: status, Reason: reason}, nil
+}
+
+// cancelledSoftware records a cancelled round (temporal workflow cancel) as
+// FAILED, so that Postgres tells the truth.
+func cancelledSoftware(ctx workflow.Context, round activities.SoftwareRound) (*SoftwareResult, error) {
+	dctx, cancel := workflow.NewDisconnectedContext(ctx)
+	defer cancel()
+	if _, err := finishSoftware(dctx, round, models.SoftwareFailed, "cancelled"); err != nil {
+		return nil, err
+	}
+	return nil, temporal.NewCanceledError("software deployment cancelled")
+}
+
+func softwareIDs(list []int64) string {
+	s := make([]string, len(list))
+	for i, id := range list {
+		s[i] = fmt.Sprint(id)
+	}
+	return strings.Join(s, ", ")
+}
