@@ -27,6 +27,7 @@ func main() {
 	flag.StringVar(&cfg.WorkDir, "workdir", "./anneal-agent", "work directory: credential, run logs, commands' working directory")
 	flag.StringVar(&cfg.Address, "address", "", "host:port where peers can reach this node, if anywhere")
 	flag.StringVar(&cfg.Listen, "listen", "", "host:port to accept peers' reachability checks on (default: --address)")
+	flag.StringVar(&cfg.RebootCommand, "reboot-command", "", `command that reboots the machine for a reboot task (e.g. "systemctl reboot"); empty simulates a reboot`)
 	flag.BoolVar(&debug, "debug", false, "log at debug level")
 	flag.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
 	flag.Parse()

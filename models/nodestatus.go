@@ -205,3 +205,12 @@ func (s *Store) MoveToBootstrap(ctx context.Context, nodeID int64) error {
 		return nil
 	})
 }
+
+// NodeBootID returns a node's current boot id.
+func (s *Store) NodeBootID(ctx context.Context, nodeID int64) (string, error) {
+	var node Node
+	if err := s.DB.WithContext(ctx).Select("boot_id").Take(&node, nodeID).Error; err != nil {
+		return "", fmt.Errorf("load boot id of node %d: %w", nodeID, err)
+	}
+	return node.BootID, nil
+}

@@ -255,6 +255,8 @@ type NodeRun struct {
 	// OnOrchestrator runs in the worker, not on the node (master_shell,
 	// move_to_bootstrap).
 	OnOrchestrator bool `json:"on_orchestrator,omitempty"`
+	// Reboot waits, after the agent's report, for a new boot id.
+	Reboot bool `json:"reboot,omitempty"`
 }
 
 // Peer names a run on another node.
@@ -287,7 +289,7 @@ func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64
 		index[r.ID] = i
 		out.Runs = append(out.Runs, NodeRun{
 			ID: r.ID, Task: r.TaskName, State: r.State, TimeoutSec: r.Spec.TimeoutSec, Retries: r.Spec.Retries,
-			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator,
+			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator, Reboot: r.TaskType == TaskReboot,
 		})
 	}
 	const edgeSQL = `
@@ -553,4 +555,15 @@ func (s *Store) TransactionOutputs(ctx context.Context, id uuid.UUID) ([]RunOutp
 		return nil, fmt.Errorf("load outputs of transaction %s: %w", id, err)
 	}
 	return out, nil
+}
+
+// RejectRebootRun fails a reboot run whose node did not come back in time
+// (its agent had reported the reboot under way).
+func (s *Store) RejectRebootRun(ctx context.Context, runID int64, reason string) error {
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ?", runID).
+		Updates(map[string]any{"state": RunFailed, "error": reason, "updated_at": now()}).Error
+	if err != nil {
+		return fmt.Errorf("fail reboot run %d: %w", runID, err)
+	}
+	return nil
 }

@@ -78,7 +78,8 @@ func runSpec(t *plan.Task) (RunSpec, error) {
 	case TaskMoveToBootstrap:
 		spec.Jig = JigOrchestrator
 	case TaskReboot:
-		return spec, fmt.Errorf("task %q: type reboot is not supported yet (the agent cannot restart itself)", t.ID)
+		// The agent reboots; Timeout bounds how long the orchestrator waits
+		// for the node to come back with a new boot id.
 	default:
 		return spec, fmt.Errorf("task %q: unknown task type %q", t.ID, t.Type)
 	}

@@ -28,7 +28,7 @@ func TestRunSpec(t *testing.T) {
 		{"sync without dst", plan.Task{ID: "a", Type: "sync", Parameters: plan.Parameters{Src: "s"}}, "", "", "needs parameters.src and parameters.dst"},
 		{"master_shell", plan.Task{ID: "a", Type: "master_shell", Parameters: plan.Parameters{Cmd: "hostname"}}, JigOrchestrator, "hostname", ""},
 		{"move_to_bootstrap", plan.Task{ID: "a", Type: "move_to_bootstrap"}, JigOrchestrator, "", ""},
-		{"reboot", plan.Task{ID: "a", Type: "reboot"}, "", "", "not supported yet"},
+		{"reboot", plan.Task{ID: "a", Type: "reboot"}, JigAgent, "", ""},
 		{"unknown", plan.Task{ID: "a", Type: "puppet"}, "", "", `unknown task type "puppet"`},
 	}
 	for _, tc := range cases {

@@ -128,8 +128,9 @@ func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (proto
 		env["ANNEAL_PEERS"] = strings.Join(peers, " ")
 		out.Runs = append(out.Runs, protocol.WorkItem{
 			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
-			// Special tasks the agent runs were turned into shell at planning.
-			Task: r.TaskName, Type: "shell", Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
+			// Special tasks the agent runs were turned into shell at
+			// planning, but for reboot.
+			Task: r.TaskName, Type: agentType(r.TaskType), Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
 			Env: env,
 		})
 	}
@@ -361,4 +362,11 @@ func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) 
 		}
 		h.wake(id)
 	}
+}
+
+func agentType(taskType string) string {
+	if taskType == models.TaskReboot {
+		return protocol.TypeReboot
+	}
+	return "shell"
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 )
@@ -208,9 +209,38 @@ func TestSpecialTasks(t *testing.T) {
 	assert.Empty(t, node.Roles)
 	assert.Empty(t, node.Tags)
 	assert.Equal(t, models.NodeDiscover, node.Status)
+}
 
-	status, body := st.Do(t, http.MethodPost, "/api/v1/graphs/execute",
-		map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "rebooting"}}}, nil)
-	assert.Equal(t, http.StatusUnprocessableEntity, status)
-	assert.Contains(t, string(body), "reboot is not supported yet")
+// TestReboot: a reboot task waits for the node to come back with a new
+// boot id before its descendants run; a node that does not come back in
+// time fails the run, naming the timeout.
+func TestReboot(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	setup(t, st, map[string][]string{"ctl": {"controller"}})
+	var before models.Node
+	st.Do(t, http.MethodGet, "/api/v1/nodes/"+nodeName("ctl"), nil, &before)
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "rebooting"}}})
+	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+	var after models.Node
+	st.Do(t, http.MethodGet, "/api/v1/nodes/"+nodeName("ctl"), nil, &after)
+	assert.NotEqual(t, before.BootID, after.BootID, "the node came back with a new boot id")
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	assert.Equal(t, models.RunSucceeded, runs["after-reboot@"+nodeName("ctl")].State)
+
+	// A machine whose reboot command does not reboot it never comes back.
+	st2 := testenv.NewStack(t, testenv.Options{})
+	status, body := testenv.Call(t, http.MethodPost, st2.URL+"/api/v1/releases", st2.AdminToken, testenv.YAML(testRelease), nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	st2.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "d1", "release": "e2e"}, nil)
+	st2.StartAgent(t, nodeName("stuck"), func(c *daemon.Config) { c.RebootCommand = "true" })
+	status, body = st2.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("stuck"), map[string]any{"deployment": "d1", "roles": []string{"controller"}}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	ans = execute(t, st2, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "rebooting"}}})
+	tx = waitDone(t, st2, ans.TaskUUID, 30*time.Second)
+	require.Equal(t, models.TxError, tx.Status)
+	runs = runsByKey(t, st2, ans.TaskUUID, "")
+	assert.Equal(t, models.RunFailed, runs["restart@"+nodeName("stuck")].State)
+	assert.Contains(t, runs["restart@"+nodeName("stuck")].Error, "did not come back with a new boot id within 3s")
+	assert.Equal(t, models.RunBlocked, runs["after-reboot@"+nodeName("stuck")].State)
 }

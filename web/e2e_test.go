@@ -138,6 +138,11 @@ graphs:
       - id: restart
         type: reboot
         tags: [controller]
+        parameters: {timeout: 3}
+      - id: after-reboot
+        tags: [controller]
+        requires: [restart]
+        parameters: {cmd: "echo back"}
   solo:
     tasks:
       - id: solo

@@ -297,7 +297,24 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 	if r.OnOrchestrator {
 		jig = a.RunOnOrchestrator
 	}
+	var oldBoot string
+	if r.Reboot {
+		if err := workflow.ExecuteLocalActivity(stateRead(ctx), NodeBootIDActivity, n.in.NodeID).Get(ctx, &oldBoot); err != nil {
+			return fmt.Errorf("read the boot id of %s: %w", n.in.NodeName, err)
+		}
+	}
 	err := workflow.ExecuteActivity(actx, jig, input).Get(ctx, nil)
+	if err == nil && r.Reboot {
+		// The agent reported the reboot under way: wait for the node to come
+		// back with a new boot id, within the task's timeout.
+		wctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+			StartToCloseTimeout: time.Duration(r.TimeoutSec)*time.Second + time.Minute,
+			HeartbeatTimeout:    30 * time.Second,
+			Summary:             fmt.Sprintf("wait for %s to come back", n.in.NodeName),
+		})
+		wait := activities.RebootWait{RunID: r.ID, NodeID: n.in.NodeID, Node: n.in.NodeName, OldBootID: oldBoot, TimeoutSec: r.TimeoutSec}
+		err = workflow.ExecuteActivity(wctx, a.AwaitReboot, wait).Get(ctx, nil)
+	}
 	if err == nil {
 		n.state[r.ID] = models.RunSucceeded
 		n.tellRemoteKids(ctx, []int64{r.ID})

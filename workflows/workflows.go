@@ -68,6 +68,7 @@ const (
 	CheckRunStatesActivity  = "CheckRunStates"
 	StartNodeGraphActivity  = "StartNodeGraph"
 	FinishNodeGraphActivity = "FinishNodeGraph"
+	NodeBootIDActivity      = "NodeBootID"
 )
 
 // stateRead is for local activities that read Postgres; like stateActivity

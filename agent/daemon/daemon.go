@@ -67,6 +67,9 @@ type Config struct {
 	// Listen, when set, is where the agent accepts peers' reachability
 	// checks (usually the same host:port as Address).
 	Listen string
+	// RebootCommand reboots the machine for a reboot task (e.g.
+	// "systemctl reboot"); empty simulates it: the agent takes a new boot id.
+	RebootCommand string
 	// HeartbeatEvery is the node heartbeat period; default 10s.
 	HeartbeatEvery time.Duration
 	// RunHeartbeatEvery is the run heartbeat period; default 5s.
@@ -111,6 +114,7 @@ type agent struct {
 	log      *slog.Logger
 	workDir  string
 	credPath string
+	bootMu   sync.Mutex // bootID changes at a (simulated) reboot
 	bootID   string
 	name     string
 	api      *HTTPTransport
@@ -319,7 +323,7 @@ func (a *agent) register(ctx context.Context) error {
 	if a.cfg.EnrollToken == "" {
 		return fmt.Errorf("no credential in %s and no enrollment token given to register the node", a.credPath)
 	}
-	req := protocol.RegisterRequest{Name: a.cfg.Name, Admin: a.cfg.Admin, BootID: a.bootID, Address: a.cfg.Address}
+	req := protocol.RegisterRequest{Name: a.cfg.Name, Admin: a.cfg.Admin, BootID: a.currentBootID(), Address: a.cfg.Address}
 	var resp protocol.RegisterResponse
 	err := a.retry(ctx, "registration", func(ctx context.Context) error {
 		var err error
@@ -354,7 +358,7 @@ func (a *agent) register(ctx context.Context) error {
 }
 
 func (a *agent) heartbeatRequest() protocol.HeartbeatRequest {
-	return protocol.HeartbeatRequest{BootID: a.bootID, Address: a.cfg.Address}
+	return protocol.HeartbeatRequest{BootID: a.currentBootID(), Address: a.cfg.Address}
 }
 
 func (a *agent) heartbeatLoop(ctx context.Context) {
@@ -419,6 +423,10 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	}
 	a.seen[key] = struct{}{}
 
+	if item.Type == protocol.TypeReboot {
+		a.reboot(ctx, log, item)
+		return
+	}
 	log.Info("run started", "type", item.Type, "timeout_sec", item.TimeoutSec)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
 	hbDone := make(chan struct{})

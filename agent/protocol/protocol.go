@@ -21,6 +21,10 @@ const (
 	PathRunResult    = "/api/v1/agent/runs/%d/result"
 )
 
+// TypeReboot is the work item type of a reboot task; every other task
+// reaches the agent as "shell".
+const TypeReboot = "reboot"
+
 // MaxTailBytes is how much of a command's stdout and stderr the agent reports.
 const MaxTailBytes = 4096
 

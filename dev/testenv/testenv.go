@@ -266,7 +266,7 @@ type Agent struct {
 
 // StartAgent starts an agent that phones home as name and stops when the
 // test ends (or when Stop is called, simulating a dead node).
-func (s *Stack) StartAgent(t testing.TB, name string) *Agent {
+func (s *Stack) StartAgent(t testing.TB, name string, tune ...func(*daemon.Config)) *Agent {
 	t.Helper()
 	a := &Agent{Name: name, WorkDir: t.TempDir(), done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -279,6 +279,9 @@ func (s *Stack) StartAgent(t testing.TB, name string) *Agent {
 		APIURL: s.URL, Name: name, EnrollToken: s.EnrollToken, WorkDir: a.WorkDir, Address: a.Address, Listen: a.Address,
 		HeartbeatEvery: time.Second, RunHeartbeatEvery: time.Second, PollWait: 5 * time.Second,
 		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(t).With("agent", name),
+	}
+	for _, f := range tune {
+		f(&cfg)
 	}
 	go func() { a.done <- daemon.Run(ctx, cfg) }()
 	t.Cleanup(a.Stop)

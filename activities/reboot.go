@@ -1,0 +1,57 @@
+package activities
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+)
+
+// NodeBootID reads a node's boot id before a reboot task.
+func (a *Activities) NodeBootID(ctx context.Context, nodeID int64) (string, error) {
+	return a.Store.NodeBootID(ctx, nodeID)
+}
+
+// RebootWait names the node and boot id a reboot task waits to change.
+type RebootWait struct {
+	RunID      int64  `json:"run_id"`
+	NodeID     int64  `json:"node_id"`
+	Node       string `json:"node"`
+	OldBootID  string `json:"old_boot_id"`
+	TimeoutSec int    `json:"timeout_sec"`
+}
+
+// rebootPoll is how often AwaitReboot looks at the node's boot id.
+const rebootPoll = time.Second
+
+// AwaitReboot waits until the node reports a boot id other than the one it
+// had before the reboot task. If it does not come back in time, the run is
+// failed with the reason and the error says so.
+func (a *Activities) AwaitReboot(ctx context.Context, w RebootWait) error {
+	deadline := time.Now().Add(time.Duration(w.TimeoutSec) * time.Second)
+	for {
+		boot, err := a.Store.NodeBootID(ctx, w.NodeID)
+		if err != nil {
+			return err
+		}
+		if boot != w.OldBootID {
+			a.Log.Info("node came back after reboot", "node", w.Node, "boot_id", boot)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			reason := fmt.Sprintf("node %s did not come back with a new boot id within %ds after the reboot", w.Node, w.TimeoutSec)
+			if err := a.Store.RejectRebootRun(ctx, w.RunID, reason); err != nil {
+				return err
+			}
+			return temporal.NewNonRetryableApplicationError(reason, ErrTypeTaskFailed, nil)
+		}
+		activity.RecordHeartbeat(ctx)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(rebootPoll):
+		}
+	}
+}
