@@ -59,52 +59,75 @@ const (
 	pollRecheck = 15 * time.Second
 )
 
-// agentWork hands the agent the runs dispatched to its node, waiting up to
-// ?wait= for some to arrive; a NOTIFY from the dispatching activity wakes it.
-func (s *Server) agentWork(c echo.Context) error {
-	nodeID := principal(c).NodeID
+// pollWait reads ?wait= of a long poll (default 25s, at most 60s).
+func pollWait(c echo.Context) (time.Duration, error) {
 	wait := defaultPollWait
 	if w := c.QueryParam("wait"); w != "" {
 		d, err := time.ParseDuration(w)
 		if err != nil || d < 0 {
-			return &models.InputError{Status: http.StatusBadRequest, Field: "wait", Reason: fmt.Sprintf("%q is not a duration like 25s", w)}
+			return 0, &models.InputError{Status: http.StatusBadRequest, Field: "wait", Reason: fmt.Sprintf("%q is not a duration like 25s", w)}
 		}
 		wait = min(d, maxPollWait)
 	}
-	ctx := c.Request().Context()
+	return wait, nil
+}
+
+// longPoll calls ready until it reports true, for up to wait: again each
+// time Postgres announces a change for the node (the hub's NOTIFY), and at
+// least every pollRecheck in case a wake-up was lost. It returns whether
+// ready answered before the wait ran out.
+func (s *Server) longPoll(ctx context.Context, nodeID int64, wait time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
 		woken, cancel := s.hub.wait(nodeID)
-		runs, err := s.cfg.Store.ClaimWork(ctx, nodeID)
-		if err != nil {
+		ok, err := ready(ctx)
+		if err != nil || ok || wait == 0 {
 			cancel()
-			return err
-		}
-		if len(runs) > 0 || wait == 0 {
-			cancel()
-			resp, err := s.workResponse(ctx, runs)
-			if err != nil {
-				return err
-			}
-			return c.JSON(http.StatusOK, resp)
+			return ok, err
 		}
 		recheck := time.NewTimer(pollRecheck)
+		expired := false
 		select {
 		case <-woken:
 		case <-recheck.C:
 		case <-deadline.C:
-			cancel()
-			recheck.Stop()
-			return c.JSON(http.StatusOK, protocol.WorkResponse{Runs: []protocol.WorkItem{}})
+			expired = true
 		case <-ctx.Done():
-			cancel()
-			recheck.Stop()
-			return ctx.Err()
 		}
 		cancel()
 		recheck.Stop()
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if expired {
+			return false, nil
+		}
 	}
+}
+
+// agentWork hands the agent the runs dispatched to its node, waiting up to
+// ?wait= for some to arrive; a NOTIFY from the dispatching activity wakes it.
+func (s *Server) agentWork(c echo.Context) error {
+	nodeID := principal(c).NodeID
+	wait, err := pollWait(c)
+	if err != nil {
+		return err
+	}
+	var runs []models.TaskRun
+	_, err = s.longPoll(c.Request().Context(), nodeID, wait, func(ctx context.Context) (bool, error) {
+		var err error
+		runs, err = s.cfg.Store.ClaimWork(ctx, nodeID)
+		return len(runs) > 0, err
+	})
+	if err != nil {
+		return err
+	}
+	resp, err := s.workResponse(c.Request().Context(), runs)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, resp)
 }
 
 // workResponse hands out claimed runs with the outputs their transaction

@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/labstack/echo/v4"
 	enumspb "go.temporal.io/api/enums/v1"
@@ -285,55 +284,32 @@ func (s *Server) agentSoftwareDeployments(c echo.Context) error {
 	if have == "" {
 		have = strings.Trim(c.Request().Header.Get("If-None-Match"), `"`)
 	}
-	wait := defaultPollWait
-	if w := c.QueryParam("wait"); w != "" {
-		d, err := time.ParseDuration(w)
-		if err != nil || d < 0 {
-			return &models.InputError{Status: http.StatusBadRequest, Field: "wait", Reason: fmt.Sprintf("%q is not a duration like 25s", w)}
-		}
-		wait = min(d, maxPollWait)
+	wait, err := pollWait(c)
+	if err != nil {
+		return err
 	}
-	ctx := c.Request().Context()
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	for {
-		woken, cancel := s.hub.wait(nodeID)
+	var version string
+	changed, err := s.longPoll(c.Request().Context(), nodeID, wait, func(ctx context.Context) (bool, error) {
 		v, err := s.cfg.Store.AgentSoftwareVersion(ctx, nodeID)
-		if err != nil {
-			cancel()
-			return err
-		}
-		version := strconv.FormatInt(v, 10)
-		if version != have {
-			cancel()
-			ds, err := s.cfg.Store.AgentSoftwareDeployments(ctx, nodeID)
-			if err != nil {
-				return err
-			}
-			resp := protocol.SoftwareDeploymentsResponse{Version: version, Deployments: make([]protocol.SoftwareDeployment, 0, len(ds))}
-			for _, d := range ds {
-				resp.Deployments = append(resp.Deployments, agentSoftware(d))
-			}
-			c.Response().Header().Set("ETag", `"`+version+`"`)
-			return c.JSON(http.StatusOK, resp)
-		}
-		recheck := time.NewTimer(pollRecheck)
-		select {
-		case <-woken:
-		case <-recheck.C:
-		case <-deadline.C:
-			cancel()
-			recheck.Stop()
-			c.Response().Header().Set("ETag", `"`+version+`"`)
-			return c.NoContent(http.StatusNotModified)
-		case <-ctx.Done():
-			cancel()
-			recheck.Stop()
-			return ctx.Err()
-		}
-		cancel()
-		recheck.Stop()
+		version = strconv.FormatInt(v, 10)
+		return version != have, err
+	})
+	if err != nil {
+		return err
 	}
+	c.Response().Header().Set("ETag", `"`+version+`"`)
+	if !changed {
+		return c.NoContent(http.StatusNotModified)
+	}
+	ds, err := s.cfg.Store.AgentSoftwareDeployments(c.Request().Context(), nodeID)
+	if err != nil {
+		return err
+	}
+	resp := protocol.SoftwareDeploymentsResponse{Version: version, Deployments: make([]protocol.SoftwareDeployment, 0, len(ds))}
+	for _, d := range ds {
+		resp.Deployments = append(resp.Deployments, agentSoftware(d))
+	}
+	return c.JSON(http.StatusOK, resp)
 }
 
 // agentSoftware is a deployment as the agent's hooks see it: the config's
