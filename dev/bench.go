@@ -32,7 +32,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	nodes := fs.Int("nodes", 100, "simulated nodes")
 	tasks := fs.Int("tasks", 10, "tasks per node (a chain)")
-	rounds := fs.Int("rounds", 3, "rounds of anneal and bare, alternating which goes first")
+	rounds := fs.Int("rounds", 5, "rounds of anneal and bare, alternating which goes first")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -264,16 +264,3 @@ func reassignRoleTags(tags, oldRoles, newRoles []string, roles map[string]Role) 
 	}
 	return out
 }
-
-// PeerAddresses lists the advertised addresses of the other alive nodes of
-// a node's deployment, in name order.
-func (s *Store) PeerAddresses(ctx context.Context, nodeID int64) ([]string, error) {
-	var addrs []string
-	err := s.DB.WithContext(ctx).Model(&Node{}).
-		Where("deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?) AND id <> ? AND alive AND address <> ''", nodeID, nodeID).
-		Order("name").Pluck("address", &addrs).Error
-	if err != nil {
-		return nil, fmt.Errorf("list peers of node %d: %w", nodeID, err)
-	}
-	return addrs, nil
-}

@@ -539,20 +539,45 @@ func stripNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }
 
 // RunOutputs are the outputs of one finished run.
 type RunOutputs struct {
-	TaskName string
-	NodeName string
-	Outputs  map[string]string `gorm:"serializer:json"`
+	TaskName string            `json:"task_name"`
+	NodeName string            `json:"node_name"`
+	Outputs  map[string]string `json:"outputs"`
 }
 
-// TransactionOutputs lists the outputs of a transaction's succeeded runs, in
-// the order they finished (a later run of the same task wins when mapped).
-func (s *Store) TransactionOutputs(ctx context.Context, id uuid.UUID) ([]RunOutputs, error) {
-	var out []RunOutputs
-	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Select("task_name", "node_name", "outputs").
-		Where("transaction_id = ? AND state = ? AND outputs <> '{}'::jsonb", id, RunSucceeded).
-		Order("finished_at, id").Find(&out).Error
+// RunContext is what a run sees besides its command: the outputs of its
+// transaction's succeeded runs so far (in the order they finished) and
+// the addresses of its node's peers (the other alive nodes of its
+// deployment, in name order).
+type RunContext struct {
+	Outputs []RunOutputs
+	Peers   []string
+}
+
+// RunContext loads a run's context in one round trip: it is read for every
+// run handed to an agent.
+func (s *Store) RunContext(ctx context.Context, run *TaskRun) (*RunContext, error) {
+	var row struct {
+		Outputs string
+		Peers   string
+	}
+	err := s.DB.WithContext(ctx).Raw(`
+SELECT
+  (SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
+                            ORDER BY finished_at, id), '[]')
+   FROM task_runs WHERE transaction_id = ? AND state = ? AND outputs <> '{}'::jsonb) AS outputs,
+  (SELECT coalesce(json_agg(address ORDER BY name), '[]')
+   FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
+     AND id <> ? AND alive AND address <> '') AS peers`,
+		run.TransactionID, RunSucceeded, run.NodeID, run.NodeID).Scan(&row).Error
 	if err != nil {
-		return nil, fmt.Errorf("load outputs of transaction %s: %w", id, err)
+		return nil, fmt.Errorf("load the context of run %d: %w", run.ID, err)
+	}
+	out := &RunContext{}
+	if err := json.Unmarshal([]byte(row.Outputs), &out.Outputs); err != nil {
+		return nil, fmt.Errorf("decode outputs for run %d: %w", run.ID, err)
+	}
+	if err := json.Unmarshal([]byte(row.Peers), &out.Peers); err != nil {
+		return nil, fmt.Errorf("decode peers of run %d: %w", run.ID, err)
 	}
 	return out, nil
 }

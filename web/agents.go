@@ -135,20 +135,16 @@ func (s *Server) agentWork(c echo.Context) error {
 func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (protocol.WorkResponse, error) {
 	out := protocol.WorkResponse{Runs: make([]protocol.WorkItem, 0, len(runs))}
 	for _, r := range runs {
-		outputs, err := s.cfg.Store.TransactionOutputs(ctx, r.TransactionID)
+		rc, err := s.cfg.Store.RunContext(ctx, &r)
 		if err != nil {
 			return out, err
 		}
-		peers, err := s.cfg.Store.PeerAddresses(ctx, r.NodeID)
-		if err != nil {
-			return out, err
-		}
-		env := outputEnv(outputs, r.NodeName)
+		env := outputEnv(rc.Outputs, r.NodeName)
 		if env == nil {
 			env = map[string]string{}
 		}
 		// The verification graph checks that each peer answers there.
-		env["ANNEAL_PEERS"] = strings.Join(peers, " ")
+		env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
 		out.Runs = append(out.Runs, protocol.WorkItem{
 			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
 			// Special tasks the agent runs were turned into shell at
