@@ -82,6 +82,7 @@ func New(cfg Config) *Server {
 	admin.GET("/deployments/:id", s.getDeployment)
 	s.graphRoutes(admin)
 	s.tagRoutes(admin)
+	s.snapshotRoutes(admin)
 	s.scenarioRoutes(admin)
 	s.softwareRoutes(admin, mine)
 	s.deployableRoutes(admin)

@@ -1,0 +1,702 @@
+package models
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// NodeRole states (the Crowbar noderole state machine).
+const (
+	NodeRoleProposed   = "proposed"
+	NodeRoleTodo       = "todo"
+	NodeRoleBlocked    = "blocked"
+	NodeRoleTransition = "transition"
+	NodeRoleActive     = "active"
+	NodeRoleError      = "error"
+)
+
+// Role flags the framework knows.
+const (
+	FlagDiscovery = "discovery"
+	FlagBootstrap = "bootstrap"
+	FlagImplicit  = "implicit"
+	FlagLibrary   = "library"
+)
+
+// NodeRole binds a role to a node in a snapshot.
+type NodeRole struct {
+	ID         int64          `json:"id"`
+	SnapshotID int64          `json:"snapshot_id"`
+	NodeID     int64          `json:"node_id"`
+	RoleID     int64          `json:"role_id"`
+	State      string         `json:"state"`
+	UserData   map[string]any `json:"user_data" gorm:"serializer:json"`
+	SystemData map[string]any `json:"system_data" gorm:"serializer:json"`
+	Wall       map[string]any `json:"wall" gorm:"serializer:json"`
+	RunCount   int            `json:"run_count"`
+	CreatedAt  time.Time      `json:"created_at"`
+	UpdatedAt  time.Time      `json:"updated_at"`
+	// Filled when loaded through the Store (not columns).
+	NodeName string  `json:"node" gorm:"-"`
+	RoleName string  `json:"role" gorm:"-"`
+	Parents  []int64 `json:"parents" gorm:"-"`
+	Children []int64 `json:"children" gorm:"-"`
+}
+
+// TableName is the noderoles table.
+func (NodeRole) TableName() string { return "noderoles" }
+
+// NodeRoleEdge orders two noderoles: the parent must be active before the
+// child runs.
+type NodeRoleEdge struct {
+	ParentID int64
+	ChildID  int64
+}
+
+// TableName is the noderole_edges table.
+func (NodeRoleEdge) TableName() string { return "noderole_edges" }
+
+// Role events (hooks registered by role name).
+const (
+	OnProposed   = "on_proposed"
+	OnTodo       = "on_todo"
+	OnBlocked    = "on_blocked"
+	OnTransition = "on_transition"
+	OnError      = "on_error"
+	OnActive     = "on_active"
+	OnNodeCreate = "on_node_create"
+	OnNodeDelete = "on_node_delete"
+)
+
+// NodeRoleHook reacts to a noderole event inside the transaction that made
+// the transition. Hooks run synchronously, so they must be fast, and must be
+// idempotent; an error aborts the transaction.
+type NodeRoleHook func(ctx context.Context, tx *gorm.DB, nr *NodeRole) error
+
+var (
+	hooksMu   sync.RWMutex
+	roleHooks = map[string]map[string][]NodeRoleHook{}
+)
+
+// RegisterRoleHook registers h for the event of every role named role (in
+// any release). Several hooks for one role and event run in registration
+// order.
+func RegisterRoleHook(role, event string, h NodeRoleHook) {
+	hooksMu.Lock()
+	defer hooksMu.Unlock()
+	if roleHooks[role] == nil {
+		roleHooks[role] = map[string][]NodeRoleHook{}
+	}
+	roleHooks[role][event] = append(roleHooks[role][event], h)
+}
+
+// RunRoleHooks runs the hooks registered for the role's event on nr.
+func RunRoleHooks(ctx context.Context, tx *gorm.DB, role, event string, nr *NodeRole) error {
+	hooksMu.RLock()
+	hooks := slices.Clone(roleHooks[role][event])
+	hooksMu.RUnlock()
+	for _, h := range hooks {
+		if err := h(ctx, tx, nr); err != nil {
+			return fmt.Errorf("%s hook of role %s: %w", event, role, err)
+		}
+	}
+	return nil
+}
+
+// ActiveJigs are the jigs that can run roles now.
+var ActiveJigs = map[string]bool{"agent": true, "local": true, "noop": true}
+
+// JigActive reports whether a jig can run roles.
+func JigActive(jig string) bool { return ActiveJigs[jig] }
+
+func activeJigList() []string {
+	out := make([]string, 0, len(ActiveJigs))
+	for j, ok := range ActiveJigs {
+		if ok {
+			out = append(out, j)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// deploymentChain returns the deployment and its ancestors up to system,
+// nearest first.
+func deploymentChain(tx *gorm.DB, dep *Deployment) ([]Deployment, error) {
+	chain := []Deployment{*dep}
+	seen := map[int64]bool{dep.ID: true}
+	for cur := dep; cur.ParentID != nil; {
+		var parent Deployment
+		if err := tx.Take(&parent, *cur.ParentID).Error; err != nil {
+			return nil, fmt.Errorf("load parent of deployment %s: %w", cur.Name, err)
+		}
+		if seen[parent.ID] {
+			break
+		}
+		seen[parent.ID] = true
+		chain = append(chain, parent)
+		cur = &chain[len(chain)-1]
+	}
+	return chain, nil
+}
+
+// resolveRole finds a role by name or id for a deployment: in the release of
+// the deployment or of its nearest ancestor that has one; with no release on
+// the chain, among all roles (a name must then be unambiguous).
+func resolveRole(tx *gorm.DB, chain []Deployment, ref string) (*Role, error) {
+	q := tx.Model(&Role{})
+	id, idErr := strconv.ParseInt(ref, 10, 64)
+	if idErr == nil {
+		q = q.Where("id = ?", id)
+	} else {
+		q = q.Where("name = ?", ref)
+	}
+	for _, d := range chain {
+		if d.ReleaseID != nil {
+			q = q.Where("release_id = ?", *d.ReleaseID)
+			break
+		}
+	}
+	var roles []Role
+	if err := q.Order("id").Limit(2).Find(&roles).Error; err != nil {
+		return nil, fmt.Errorf("load role %s: %w", ref, err)
+	}
+	switch len(roles) {
+	case 0:
+		return nil, Invalid("role", "no role %q in the release of deployment %q (or of its parents)", ref, chain[0].Name)
+	case 1:
+		return &roles[0], nil
+	}
+	return nil, Invalid("role", "role name %q is ambiguous: deployment %q has no release and several releases define it; use the role's id", ref, chain[0].Name)
+}
+
+// BindInput binds a role to a node in a proposed snapshot.
+type BindInput struct {
+	Node string // name or id
+	Role string // name or id
+}
+
+// BindRole runs Crowbar's add_to_node_in_snapshot in one transaction: it
+// returns the noderole and whether it was created (false: the binding
+// already existed).
+func (s *Store) BindRole(ctx context.Context, snapshotID int64, in BindInput) (*NodeRole, bool, error) {
+	if in.Node == "" {
+		return nil, false, Invalid("node", "is required")
+	}
+	if in.Role == "" {
+		return nil, false, Invalid("role", "is required")
+	}
+	var out *NodeRole
+	var created bool
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		snap, err := lockSnapshot(tx, snapshotID)
+		if err != nil {
+			return err
+		}
+		if err := requireProposed(snap); err != nil {
+			return err
+		}
+		dep, err := findDeployment(tx, strconv.FormatInt(snap.DeploymentID, 10))
+		if err != nil {
+			return err
+		}
+		node, err := (&Store{DB: tx}).Node(ctx, in.Node)
+		if errors.Is(err, ErrNotFound) {
+			return Invalid("node", "no node named or numbered %q", in.Node)
+		}
+		if err != nil {
+			return err
+		}
+		if node.DeploymentID != dep.ID {
+			return Invalid("node", "node %s is not in deployment %q; move it there first (PATCH /api/v1/nodes/%s {\"deployment\": %q})",
+				node.Name, dep.Name, node.Name, dep.Name)
+		}
+		chain, err := deploymentChain(tx, dep)
+		if err != nil {
+			return err
+		}
+		role, err := resolveRole(tx, chain, in.Role)
+		if err != nil {
+			return err
+		}
+		b := &binder{ctx: ctx, tx: tx, snap: snap, chain: chain, node: node}
+		out, created, err = b.add(role, nil)
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	loaded, err := s.NodeRole(ctx, out.ID)
+	if err != nil {
+		return nil, false, err
+	}
+	return loaded, created, nil
+}
+
+// binder carries one add_to_node_in_snapshot call and its recursion.
+type binder struct {
+	ctx   context.Context
+	tx    *gorm.DB
+	snap  *Snapshot
+	chain []Deployment // the snapshot's deployment, then its ancestors
+	node  *Node
+}
+
+// add is add_to_node_in_snapshot for role on the binder's node; path holds
+// the roles being bound implicitly above this call (for the error message).
+func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
+	tx := b.tx
+	// 1: the role's jig must be active.
+	if !JigActive(role.Jig) {
+		return nil, false, &InputError{Field: "role", Reason: fmt.Sprintf("role %q uses jig %q, which is not active (active jigs: %v)", role.Name, role.Jig, activeJigList()),
+			Details: map[string]any{"role": role.Name, "jig": role.Jig}}
+	}
+	// 2: the deployment role, created once.
+	dr, err := ensureDeploymentRole(tx, b.snap.DeploymentID, role)
+	if err != nil {
+		return nil, false, err
+	}
+	// 3: an existing binding of this role on this node is the answer.
+	var existing []NodeRole
+	if err := tx.Where("snapshot_id = ? AND node_id = ? AND role_id = ?", b.snap.ID, b.node.ID, role.ID).
+		Limit(1).Find(&existing).Error; err != nil {
+		return nil, false, fmt.Errorf("look for role %s on node %s: %w", role.Name, b.node.Name, err)
+	}
+	if len(existing) > 0 {
+		return &existing[0], false, nil
+	}
+	// 4: each parent role: on this node, else anywhere visible, else bound
+	// implicitly here, else an error.
+	var parents []int64
+	for _, parentName := range role.Requires {
+		var prole Role
+		err := tx.Where("release_id = ? AND name = ?", role.ReleaseID, parentName).Take(&prole).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return nil, false, Invalid("role", "role %q requires %q, which is not in its release", role.Name, parentName)
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("load role %s: %w", parentName, err)
+		}
+		pid, err := b.findParent(&prole)
+		if err != nil {
+			return nil, false, err
+		}
+		if pid == 0 {
+			if !slices.Contains(prole.Flags, FlagImplicit) {
+				return nil, false, &InputError{Field: "role",
+					Reason: fmt.Sprintf("role %q requires role %q, which is bound neither on node %s nor anywhere in deployment %q or its parents, and is not implicit; bind %q first",
+						role.Name, prole.Name, b.node.Name, b.chain[0].Name, prole.Name),
+					Details: map[string]any{"missing_role": prole.Name, "node": b.node.Name, "path": append(slices.Clone(path), role.Name)}}
+			}
+			pnr, _, err := b.add(&prole, append(slices.Clone(path), role.Name))
+			if err != nil {
+				return nil, false, err
+			}
+			pid = pnr.ID
+		}
+		if !slices.Contains(parents, pid) {
+			parents = append(parents, pid)
+		}
+	}
+	// 5: the new noderole, proposed, with its edges.
+	nr := &NodeRole{
+		SnapshotID: b.snap.ID, NodeID: b.node.ID, RoleID: role.ID, State: NodeRoleProposed,
+		UserData: deepCopyMap(dr.Data), SystemData: map[string]any{}, Wall: map[string]any{},
+	}
+	if err := tx.Create(nr).Error; err != nil {
+		return nil, false, fmt.Errorf("bind role %s to node %s: %w", role.Name, b.node.Name,
+			uniqueViolation(err, fmt.Sprintf("role %q is being bound to node %s by another request", role.Name, b.node.Name)))
+	}
+	for _, pid := range parents {
+		if err := tx.Create(&NodeRoleEdge{ParentID: pid, ChildID: nr.ID}).Error; err != nil {
+			return nil, false, fmt.Errorf("link noderole %d to parent %d: %w", nr.ID, pid, err)
+		}
+	}
+	nr.NodeName, nr.RoleName, nr.Parents, nr.Children = b.node.Name, role.Name, parents, []int64{}
+	// 6: on_proposed.
+	if err := RunRoleHooks(b.ctx, tx, role.Name, OnProposed, nr); err != nil {
+		return nil, false, err
+	}
+	// 7: done.
+	return nr, true, nil
+}
+
+// findParent looks for a binding of prole: on the same node in the
+// snapshot, else anywhere in the snapshot, else in the committed snapshots
+// of the ancestor deployments, nearest first (siblings are not visible).
+// It returns 0 when there is none.
+func (b *binder) findParent(prole *Role) (int64, error) {
+	var ids []int64
+	if err := b.tx.Raw(`SELECT id FROM noderoles WHERE snapshot_id = ? AND role_id = ?
+		ORDER BY node_id = ? DESC, id LIMIT 1`, b.snap.ID, prole.ID, b.node.ID).Scan(&ids).Error; err != nil {
+		return 0, fmt.Errorf("look for role %s in snapshot %d: %w", prole.Name, b.snap.ID, err)
+	}
+	if len(ids) > 0 {
+		return ids[0], nil
+	}
+	for _, anc := range b.chain[1:] {
+		if err := b.tx.Model(&NodeRole{}).
+			Where("role_id = ? AND snapshot_id IN (SELECT id FROM snapshots WHERE deployment_id = ? AND state = ?)", prole.ID, anc.ID, SnapshotCommitted).
+			Order("id").Limit(1).Pluck("id", &ids).Error; err != nil {
+			return 0, fmt.Errorf("look for role %s in deployment %s: %w", prole.Name, anc.Name, err)
+		}
+		if len(ids) > 0 {
+			return ids[0], nil
+		}
+	}
+	return 0, nil
+}
+
+// ensureDeploymentRole returns the deployment's role defaults, creating
+// them from the role's template the first time.
+func ensureDeploymentRole(tx *gorm.DB, deploymentID int64, role *Role) (*DeploymentRole, error) {
+	dr := &DeploymentRole{DeploymentID: deploymentID, RoleID: role.ID, Data: deepCopyMap(role.Template)}
+	if err := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(dr).Error; err != nil {
+		return nil, fmt.Errorf("create deployment role %s: %w", role.Name, err)
+	}
+	var out DeploymentRole
+	if err := tx.Where("deployment_id = ? AND role_id = ?", deploymentID, role.ID).Take(&out).Error; err != nil {
+		return nil, fmt.Errorf("load deployment role %s: %w", role.Name, err)
+	}
+	if out.Data == nil {
+		out.Data = map[string]any{}
+	}
+	return &out, nil
+}
+
+// jsonb is a JSON object as an SQL expression, for map updates (which do
+// not go through the fields' serializer).
+func jsonb(v map[string]any) clause.Expr {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		raw = []byte("{}") // maps decoded from JSON always marshal
+	}
+	return gorm.Expr("?::jsonb", string(raw))
+}
+
+// deepCopyMap copies a JSON object, so that seeded blobs share nothing.
+func deepCopyMap(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = deepCopyValue(v)
+	}
+	return out
+}
+
+func deepCopyValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		return deepCopyMap(x)
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = deepCopyValue(e)
+		}
+		return out
+	}
+	return v
+}
+
+// decorateNodeRoles fills the node and role names and the edges.
+func decorateNodeRoles(db *gorm.DB, nrs []NodeRole) error {
+	if len(nrs) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(nrs))
+	nodeIDs, roleIDs := []int64{}, []int64{}
+	for i, nr := range nrs {
+		ids[i] = nr.ID
+		nodeIDs = append(nodeIDs, nr.NodeID)
+		roleIDs = append(roleIDs, nr.RoleID)
+	}
+	var nodes []Node
+	if err := db.Select("id", "name").Where("id IN ?", nodeIDs).Find(&nodes).Error; err != nil {
+		return fmt.Errorf("load noderole nodes: %w", err)
+	}
+	var roles []Role
+	if err := db.Select("id", "name").Where("id IN ?", roleIDs).Find(&roles).Error; err != nil {
+		return fmt.Errorf("load noderole roles: %w", err)
+	}
+	var edges []NodeRoleEdge
+	if err := db.Where("parent_id IN ? OR child_id IN ?", ids, ids).Order("parent_id, child_id").Find(&edges).Error; err != nil {
+		return fmt.Errorf("load noderole edges: %w", err)
+	}
+	nodeNames, roleNames := map[int64]string{}, map[int64]string{}
+	for _, n := range nodes {
+		nodeNames[n.ID] = n.Name
+	}
+	for _, r := range roles {
+		roleNames[r.ID] = r.Name
+	}
+	for i := range nrs {
+		nr := &nrs[i]
+		nr.NodeName, nr.RoleName = nodeNames[nr.NodeID], roleNames[nr.RoleID]
+		nr.Parents, nr.Children = []int64{}, []int64{}
+		for _, e := range edges {
+			if e.ChildID == nr.ID {
+				nr.Parents = append(nr.Parents, e.ParentID)
+			}
+			if e.ParentID == nr.ID {
+				nr.Children = append(nr.Children, e.ChildID)
+			}
+		}
+	}
+	return nil
+}
+
+// NodeRole loads a noderole with its names and edges.
+func (s *Store) NodeRole(ctx context.Context, id int64) (*NodeRole, error) {
+	return loadNodeRole(s.DB.WithContext(ctx), id, false)
+}
+
+func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
+	q := tx
+	if lock {
+		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	var nr NodeRole
+	err := q.Take(&nr, id).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound("noderole", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load noderole %d: %w", id, err)
+	}
+	list := []NodeRole{nr}
+	if err := decorateNodeRoles(tx, list); err != nil {
+		return nil, err
+	}
+	return &list[0], nil
+}
+
+// UpdateNodeRole replaces a noderole's user data; only in a proposed
+// snapshot. An edited noderole goes back to proposed, so that committing
+// runs it again.
+func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[string]any) (*NodeRole, error) {
+	if userData == nil {
+		return nil, Invalid("user_data", "is required (a JSON object)")
+	}
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var nr NodeRole
+		err := tx.Take(&nr, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("noderole", id)
+		}
+		if err != nil {
+			return fmt.Errorf("load noderole %d: %w", id, err)
+		}
+		snap, err := lockSnapshot(tx, nr.SnapshotID)
+		if err != nil {
+			return err
+		}
+		if err := requireProposed(snap); err != nil {
+			return err
+		}
+		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
+			"user_data": jsonb(userData), "state": NodeRoleProposed, "updated_at": now(),
+		}).Error; err != nil {
+			return fmt.Errorf("update noderole %d: %w", id, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.NodeRole(ctx, id)
+}
+
+// NextNodeRoles returns what the annealer may start now in a deployment (all
+// deployments with 0): todo noderoles of committed snapshots whose role's
+// jig is active and whose node is alive and available and has no noderole
+// in transition — at most one per node, the first in dependency order
+// (creation order: a noderole is always created after its parents).
+func (s *Store) NextNodeRoles(ctx context.Context, deploymentID int64) ([]NodeRole, error) {
+	q := s.DB.WithContext(ctx).Raw(`SELECT * FROM (
+			SELECT DISTINCT ON (nr.node_id) nr.*
+			FROM noderoles nr
+			JOIN snapshots s ON s.id = nr.snapshot_id AND s.state = 'committed'
+			JOIN nodes n ON n.id = nr.node_id AND n.alive AND n.available
+			JOIN roles r ON r.id = nr.role_id AND r.jig IN ?
+			WHERE nr.state = 'todo' AND (? = 0 OR s.deployment_id = ?)
+			  AND NOT EXISTS (SELECT 1 FROM noderoles t WHERE t.node_id = nr.node_id AND t.state = 'transition')
+			ORDER BY nr.node_id, nr.id) x
+		ORDER BY id`, activeJigList(), deploymentID, deploymentID)
+	var out []NodeRole
+	if err := q.Scan(&out).Error; err != nil {
+		return nil, fmt.Errorf("find noderoles to run: %w", err)
+	}
+	if err := decorateNodeRoles(s.DB.WithContext(ctx), out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// lockForTransition loads and locks a noderole of a committed snapshot.
+func lockForTransition(tx *gorm.DB, id int64) (*NodeRole, error) {
+	nr, err := loadNodeRole(tx, id, true)
+	if err != nil {
+		return nil, err
+	}
+	var snap Snapshot
+	if err := tx.Take(&snap, nr.SnapshotID).Error; err != nil {
+		return nil, fmt.Errorf("load snapshot %d: %w", nr.SnapshotID, err)
+	}
+	if snap.State != SnapshotCommitted {
+		return nil, &ConflictError{Reason: fmt.Sprintf("noderole %d belongs to snapshot %d, which is %s; only noderoles of the committed snapshot change state", id, snap.ID, snap.State)}
+	}
+	return nr, nil
+}
+
+// TransitionNodeRole moves a todo noderole to transition: the annealer is
+// about to run it. Its node must have nothing else in transition.
+func (s *Store) TransitionNodeRole(ctx context.Context, id int64) (*NodeRole, error) {
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var nodeID []int64
+		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Pluck("node_id", &nodeID).Error; err != nil {
+			return fmt.Errorf("load noderole %d: %w", id, err)
+		}
+		if len(nodeID) == 0 {
+			return notFound("noderole", id)
+		}
+		// The node's row serializes transitions on one node.
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id").Take(&Node{}, nodeID[0]).Error; err != nil {
+			return fmt.Errorf("lock node %d: %w", nodeID[0], err)
+		}
+		nr, err := lockForTransition(tx, id)
+		if err != nil {
+			return err
+		}
+		if nr.State != NodeRoleTodo {
+			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a todo noderole can start", id, nr.State)}
+		}
+		var busy []int64
+		if err := tx.Model(&NodeRole{}).Where("node_id = ? AND state = ? AND id <> ?", nr.NodeID, NodeRoleTransition, id).
+			Limit(1).Pluck("id", &busy).Error; err != nil {
+			return fmt.Errorf("check node %s: %w", nr.NodeName, err)
+		}
+		if len(busy) > 0 {
+			return &ConflictError{Reason: fmt.Sprintf("node %s already has noderole %d in transition", nr.NodeName, busy[0])}
+		}
+		return setState(tx, id, NodeRoleTransition, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.NodeRole(ctx, id)
+}
+
+// FinishNodeRole ends a run: with ok the noderole goes active and its
+// blocked children whose parents are now all active go todo; otherwise it
+// goes to error and its todo descendants go blocked. wall (what the run
+// returned, as a diff) is stored either way.
+func (s *Store) FinishNodeRole(ctx context.Context, id int64, ok bool, wall map[string]any) (*NodeRole, error) {
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		nr, err := lockForTransition(tx, id)
+		if err != nil {
+			return err
+		}
+		if nr.State != NodeRoleTransition {
+			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in transition can finish", id, nr.State)}
+		}
+		if wall == nil {
+			wall = map[string]any{}
+		}
+		state := NodeRoleError
+		if ok {
+			state = NodeRoleActive
+		}
+		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
+			"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": now(),
+		}).Error; err != nil {
+			return fmt.Errorf("finish noderole %d: %w", id, err)
+		}
+		if ok {
+			return unblockChildren(tx, id)
+		}
+		return blockDescendants(tx, id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.NodeRole(ctx, id)
+}
+
+// RetryNodeRole sends an errored noderole back to todo (or blocked if one
+// of its parents is not active).
+func (s *Store) RetryNodeRole(ctx context.Context, id int64) (*NodeRole, error) {
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		nr, err := lockForTransition(tx, id)
+		if err != nil {
+			return err
+		}
+		if nr.State != NodeRoleError {
+			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in error can be retried", id, nr.State)}
+		}
+		return tx.Exec(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
+				SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
+				WHERE e.child_id = n.id AND p.state <> 'active') THEN 'blocked' ELSE 'todo' END
+			WHERE n.id = ?`, id).Error
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.NodeRole(ctx, id)
+}
+
+func setState(tx *gorm.DB, id int64, state string, extra map[string]any) error {
+	updates := map[string]any{"state": state, "updated_at": now()}
+	for k, v := range extra {
+		updates[k] = v
+	}
+	if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(updates).Error; err != nil {
+		return fmt.Errorf("set noderole %d %s: %w", id, state, err)
+	}
+	return nil
+}
+
+// unblockChildren sets the blocked children (in committed snapshots) of an
+// active noderole to todo when all their parents are active. Children are
+// locked in id order, so concurrent finishes do not deadlock.
+func unblockChildren(tx *gorm.DB, id int64) error {
+	var children []int64
+	if err := tx.Raw(`SELECT c.id FROM noderoles c
+		JOIN noderole_edges e ON e.child_id = c.id AND e.parent_id = ?
+		JOIN snapshots s ON s.id = c.snapshot_id AND s.state = 'committed'
+		WHERE c.state = 'blocked' ORDER BY c.id FOR UPDATE OF c`, id).Scan(&children).Error; err != nil {
+		return fmt.Errorf("lock children of noderole %d: %w", id, err)
+	}
+	if len(children) == 0 {
+		return nil
+	}
+	if err := tx.Exec(`UPDATE noderoles c SET state = 'todo', updated_at = now()
+		WHERE c.id IN ? AND c.state = 'blocked' AND NOT EXISTS (
+			SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
+			WHERE e.child_id = c.id AND p.state <> 'active')`, children).Error; err != nil {
+		return fmt.Errorf("unblock children of noderole %d: %w", id, err)
+	}
+	return nil
+}
+
+// blockDescendants sets every todo descendant (in committed snapshots) of
+// an errored noderole to blocked.
+func blockDescendants(tx *gorm.DB, id int64) error {
+	if err := tx.Exec(`WITH RECURSIVE d(id) AS (
+			SELECT child_id FROM noderole_edges WHERE parent_id = @id
+			UNION SELECT e.child_id FROM noderole_edges e JOIN d ON e.parent_id = d.id)
+		UPDATE noderoles n SET state = 'blocked', updated_at = now()
+		FROM d, snapshots s
+		WHERE n.id = d.id AND s.id = n.snapshot_id AND s.state = 'committed' AND n.state = 'todo'`,
+		map[string]any{"id": id}).Error; err != nil {
+		return fmt.Errorf("block descendants of noderole %d: %w", id, err)
+	}
+	return nil
+}

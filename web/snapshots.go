@@ -1,0 +1,156 @@
+package web
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/anneal-dev/anneal/models"
+)
+
+// snapshotRoutes registers the Crowbar model's routes: a deployment's
+// snapshots, proposing and committing, binding roles to nodes and the
+// noderoles.
+func (s *Server) snapshotRoutes(admin *echo.Group) {
+	admin.GET("/deployments/:id/snapshots", s.listSnapshots)
+	admin.POST("/deployments/:id/snapshots/propose", s.proposeSnapshot)
+	admin.GET("/snapshots/:id", s.getSnapshot)
+	admin.POST("/snapshots/:id/commit", s.commitSnapshot)
+	admin.POST("/snapshots/:id/noderoles", s.bindRole)
+	admin.GET("/noderoles/:id", s.getNodeRole)
+	admin.PATCH("/noderoles/:id", s.updateNodeRole)
+	admin.POST("/noderoles/:id/retry", s.retryNodeRole)
+}
+
+// numericID reads a numeric :id.
+func numericID(c echo.Context, what string) (int64, error) {
+	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, &models.InputError{Status: http.StatusBadRequest, Field: "id", Reason: fmt.Sprintf("%q is not a %s id", c.Param("id"), what)}
+	}
+	return id, nil
+}
+
+func (s *Server) listSnapshots(c echo.Context) error {
+	snaps, err := s.cfg.Store.Snapshots(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, snaps)
+}
+
+func (s *Server) proposeSnapshot(c echo.Context) error {
+	snap, err := s.cfg.Store.ProposeSnapshot(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	full, err := s.cfg.Store.Snapshot(c.Request().Context(), snap.ID)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusCreated, full)
+}
+
+func (s *Server) getSnapshot(c echo.Context) error {
+	id, err := numericID(c, "snapshot")
+	if err != nil {
+		return err
+	}
+	snap, err := s.cfg.Store.Snapshot(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	if snap.NodeRoles == nil {
+		snap.NodeRoles = []models.NodeRole{}
+	}
+	return c.JSON(http.StatusOK, snap)
+}
+
+func (s *Server) commitSnapshot(c echo.Context) error {
+	id, err := numericID(c, "snapshot")
+	if err != nil {
+		return err
+	}
+	if _, err := s.cfg.Store.CommitSnapshot(c.Request().Context(), id); err != nil {
+		return err
+	}
+	// The annealer workflow is signalled here once it exists.
+	snap, err := s.cfg.Store.Snapshot(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, snap)
+}
+
+type bindRoleRequest struct {
+	Node ref `json:"node"`
+	Role ref `json:"role"`
+}
+
+// bindRole is add_to_node_in_snapshot: 201 with a new noderole, 200 with
+// the existing binding.
+func (s *Server) bindRole(c echo.Context) error {
+	id, err := numericID(c, "snapshot")
+	if err != nil {
+		return err
+	}
+	var req bindRoleRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	nr, created, err := s.cfg.Store.BindRole(c.Request().Context(), id, models.BindInput{Node: string(req.Node), Role: string(req.Role)})
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	return c.JSON(status, nr)
+}
+
+func (s *Server) getNodeRole(c echo.Context) error {
+	id, err := numericID(c, "noderole")
+	if err != nil {
+		return err
+	}
+	nr, err := s.cfg.Store.NodeRole(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, nr)
+}
+
+type updateNodeRoleRequest struct {
+	UserData map[string]any `json:"user_data"`
+}
+
+func (s *Server) updateNodeRole(c echo.Context) error {
+	id, err := numericID(c, "noderole")
+	if err != nil {
+		return err
+	}
+	var req updateNodeRoleRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	nr, err := s.cfg.Store.UpdateNodeRole(c.Request().Context(), id, req.UserData)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, nr)
+}
+
+func (s *Server) retryNodeRole(c echo.Context) error {
+	id, err := numericID(c, "noderole")
+	if err != nil {
+		return err
+	}
+	nr, err := s.cfg.Store.RetryNodeRole(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, nr)
+}
