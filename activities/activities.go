@@ -76,13 +76,23 @@ func (a *Activities) PlanGraph(ctx context.Context, ref GraphRef) (*models.Graph
 	return p, nil
 }
 
-// LoadNodePlan returns a node's runs of a graph with their edges.
+// LoadNodePlan returns a node's runs of a graph with their edges and, when
+// some are still to run, marks the node busy with the graph (progress 0).
 func (a *Activities) LoadNodePlan(ctx context.Context, ref NodeRef) (*models.NodePlan, error) {
 	id, err := ref.uuid()
 	if err != nil {
 		return nil, err
 	}
-	return a.Store.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
+	np, err := a.Store.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range np.Runs {
+		if r.State == models.RunPending {
+			return np, a.Store.StartNodeGraph(ctx, ref.NodeID)
+		}
+	}
+	return np, nil
 }
 
 // RunOutcome is what a finished run reports back to its workflow; the rest
@@ -209,11 +219,6 @@ func (a *Activities) RecordNoOp(ctx context.Context, runID int64) error {
 type NodeGraphEnd struct {
 	NodeRef
 	Outcome string `json:"outcome"` // models.OutcomeSuccess, OutcomeError or OutcomeStop
-}
-
-// StartNodeGraph marks the node busy with the graph (progress 0).
-func (a *Activities) StartNodeGraph(ctx context.Context, ref NodeRef) error {
-	return a.Store.StartNodeGraph(ctx, ref.NodeID)
 }
 
 // FinishNodeGraph applies the graph's on_success/on_error/on_stop callback

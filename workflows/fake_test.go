@@ -61,7 +61,6 @@ type fake struct {
 	checks   [][]int64
 	abandons []activities.NodeAbandon
 	finishes []activities.FinishInput
-	starts   []activities.NodeRef
 	ends     []activities.NodeGraphEnd
 	signals  []signal
 	inFlight int // RunTaskOnNode calls running at once
@@ -130,11 +129,6 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 				}
 			}
 			return &activities.RunOutcome{}, nil
-		})
-	env.OnActivity(a.StartNodeGraph, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, ref activities.NodeRef) error {
-			f.record(fmt.Sprintf("start node %d", ref.NodeID), func() { f.starts = append(f.starts, ref) })
-			return nil
 		})
 	env.OnActivity(a.FinishNodeGraph, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, end activities.NodeGraphEnd) error {

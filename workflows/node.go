@@ -67,11 +67,6 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 	for _, r := range np.Runs {
 		n.state[r.ID] = r.State
 	}
-	if len(n.idsIn(models.RunPending)) > 0 {
-		if err := workflow.ExecuteLocalActivity(stateRead(ctx), StartNodeGraphActivity, ref).Get(ctx, nil); err != nil {
-			return nil, fmt.Errorf("mark node %s busy: %w", in.NodeName, err)
-		}
-	}
 	signals := workflow.GetSignalChannel(ctx, SignalRunsFinished)
 	poll := remotePollFirst
 	for {

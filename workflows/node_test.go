@@ -56,7 +56,7 @@ func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
-	s.Equal([]string{"load 0/1", "start node 1", "run 1", "noop 2", "run 3", "run 4", "run 5", "end node 1 success"}, f.calls())
+	s.Equal([]string{"load 0/1", "run 1", "noop 2", "run 3", "run 4", "run 5", "end node 1 success"}, f.calls())
 	s.Equal([]activities.RunTaskInput{
 		{RunID: 1, Task: "hostname", Node: "node-a"},
 		{RunID: 3, Task: "task3", Node: "node-a"},

@@ -66,7 +66,6 @@ func stateActivity(ctx workflow.Context) workflow.Context {
 const (
 	LoadNodePlanActivity    = "LoadNodePlan"
 	CheckRunStatesActivity  = "CheckRunStates"
-	StartNodeGraphActivity  = "StartNodeGraph"
 	FinishNodeGraphActivity = "FinishNodeGraph"
 	NodeBootIDActivity      = "NodeBootID"
 )
