@@ -18,6 +18,10 @@ import (
 	"github.com/anneal-dev/anneal/models/nodeexpr"
 )
 
+// DeployChangesScenario is the built-in scenario that committing a snapshot
+// starts: provision the new nodes, then deploy the affected ones.
+const DeployChangesScenario = "deploy-changes"
+
 // Scenario is a named, ordered list of acts (Fuel's scenarios): executing it
 // runs every act's graph type, one after another, as the graphs of one
 // transaction, each on the nodes its act selects.

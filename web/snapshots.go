@@ -1,6 +1,8 @@
 package web
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -73,15 +75,39 @@ func (s *Server) commitSnapshot(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.cfg.Store.CommitSnapshot(c.Request().Context(), id); err != nil {
+	ctx := c.Request().Context()
+	if _, err := s.cfg.Store.CommitSnapshot(ctx, id); err != nil {
 		return err
 	}
-	// The annealer workflow is signalled here once it exists.
-	snap, err := s.cfg.Store.Snapshot(c.Request().Context(), id)
+	snap, err := s.cfg.Store.Snapshot(ctx, id)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, snap)
+	return c.JSON(http.StatusOK, struct {
+		*models.Snapshot
+		DeployChanges map[string]any `json:"deploy_changes"`
+	}{snap, s.deployChanges(ctx, snap.DeploymentID)})
+}
+
+// deployChanges starts the built-in deploy-changes scenario on a deployment
+// whose snapshot was just committed: provision its new nodes, then deploy
+// the affected ones. The commit stands whatever happens here; the answer
+// says what started, that there was nothing to do, or why it could not
+// start and how to start it by hand.
+func (s *Server) deployChanges(ctx context.Context, deploymentID int64) map[string]any {
+	dep := strconv.FormatInt(deploymentID, 10)
+	txn, _, err := s.executeScenario(ctx, models.DeployChangesScenario, models.ScenarioExecuteInput{Deployment: dep})
+	var ie *models.InputError
+	switch {
+	case err == nil:
+		return map[string]any{"task_uuid": txn.ID, "workflow_id": txn.WorkflowID}
+	case errors.As(err, &ie) && ie.Details["nothing_to_run"] == true:
+		return map[string]any{"nothing_to_run": true}
+	default:
+		s.log.Error("deploy-changes did not start after a commit", "deployment", dep, "error", err)
+		return map[string]any{"error": err.Error(),
+			"hint": "start it with POST /api/v1/scenarios/" + models.DeployChangesScenario + "/execute {\"deployment\": " + dep + "}"}
+	}
 }
 
 type bindRoleRequest struct {

@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -115,6 +116,20 @@ func TestSnapshotsAPI(t *testing.T) {
 		states[nr.RoleName] = nr.State
 	}
 	assert.Equal(t, map[string]string{"base": "todo", "db": "blocked", "api": "blocked"}, states)
+	// Committing started the built-in deploy-changes scenario on the
+	// deployment: provision the nodes still in discover, then deploy.
+	var started struct {
+		DeployChanges struct {
+			TaskUUID string `json:"task_uuid"`
+		} `json:"deploy_changes"`
+	}
+	require.NoError(t, json.Unmarshal(body, &started), "%s", body)
+	require.NotEmpty(t, started.DeployChanges.TaskUUID, "%s", body)
+	var dc models.TransactionStatus
+	status, body = st.Do(t, http.MethodGet, "/api/v1/transactions/"+started.DeployChanges.TaskUUID, nil, &dc)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	require.NotEmpty(t, dc.Graphs)
+	assert.Equal(t, "provision", dc.Graphs[0].Type)
 	status, _ = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/commit", snap.ID), nil, nil)
 	assert.Equal(t, http.StatusConflict, status)
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crow/snapshots", nil, &hist)
