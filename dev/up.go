@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/devenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/scenarios"
@@ -84,6 +85,9 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%d.%s", i+1, server.DefaultDomain)
 		workdir := filepath.Join(state, "nodes", names[i])
+		if err := restoreCredential(ctx, dbURL, apiURL, names[i], workdir); err != nil {
+			return err
+		}
 		port, err := devenv.FreePort()
 		if err != nil {
 			return err
@@ -272,4 +276,34 @@ func openDevDatabase(ctx context.Context, pg *devenv.Postgres, state string, log
 		return "", err
 	}
 	return pg.ResetDatabase(ctx, devDatabase)
+}
+
+// restoreCredential gives a simulated node whose row exists but whose work
+// directory lost its credential (a removed .dev/nodes) a new credential, as
+// an operator re-provisioning the machine would; otherwise its agent could
+// never register again under its name.
+func restoreCredential(ctx context.Context, dbURL, apiURL, name, workdir string) error {
+	path := filepath.Join(workdir, daemon.CredentialFile)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	db, err := models.Open(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	store := &models.Store{DB: db}
+	node, token, err := store.ResetAgentCredential(ctx, name)
+	if errors.Is(err, models.ErrNotFound) {
+		return nil // a new node: its agent registers itself
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(workdir, 0o755); err != nil {
+		return err
+	}
+	return daemon.SaveCredential(path, daemon.Credential{NodeID: node.ID, Name: node.Name, Token: token, APIURL: apiURL})
 }

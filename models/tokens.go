@@ -96,3 +96,19 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (Principal, err
 }
 
 func now() time.Time { return time.Now().UTC() }
+
+// ResetAgentCredential gives an existing node a new agent credential (the
+// old one stops working) and returns it, for a machine re-provisioned
+// without its credential file.
+func (s *Store) ResetAgentCredential(ctx context.Context, name string) (*Node, string, error) {
+	node, err := s.Node(ctx, name)
+	if err != nil {
+		return nil, "", err
+	}
+	secret := NewSecret("agt_")
+	hash := HashSecret(secret)
+	if err := s.DB.WithContext(ctx).Model(node).Update("agent_token_hash", hash).Error; err != nil {
+		return nil, "", fmt.Errorf("reset the credential of node %s: %w", name, err)
+	}
+	return node, secret, nil
+}
