@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -263,4 +264,19 @@ func reassignRoleTags(tags, oldRoles, newRoles []string, roles map[string]Role) 
 		}
 	}
 	return out
+}
+
+// MarkSilentNodes sets nodes whose agent has not been heard from for
+// longer than silence as not alive, so the annealer gives them nothing,
+// and returns their names. A heartbeat makes a node alive again.
+func (s *Store) MarkSilentNodes(ctx context.Context, silence time.Duration) ([]string, error) {
+	var names []string
+	err := s.DB.WithContext(ctx).Raw(`
+UPDATE nodes SET alive = false, updated_at = now()
+WHERE alive AND agent_token_hash IS NOT NULL AND last_seen_at < now() - make_interval(secs => ?)
+RETURNING name`, silence.Seconds()).Scan(&names).Error
+	if err != nil {
+		return nil, fmt.Errorf("mark silent nodes: %w", err)
+	}
+	return names, nil
 }

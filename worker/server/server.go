@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/log"
@@ -106,6 +107,7 @@ func Run(ctx context.Context, cfg Config) error {
 		g.Go(func() error { return api.Run(ctx, cfg.APIAddr) })
 		cfg.Log.Info("API listening", "url", "http://"+cfg.APIAddr)
 	}
+	g.Go(func() error { watchLiveness(ctx, store, cfg.Log); return nil })
 	g.Go(func() error { <-ctx.Done(); return nil })
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -120,4 +122,32 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, logger *
 	workflows.Register(w)
 	w.RegisterActivity(&activities.Activities{Store: store, Log: logger})
 	return w
+}
+
+// Liveness: agents heartbeat every 10s; a node not heard from for three
+// heartbeats is not alive.
+const (
+	nodeSilence    = 30 * time.Second
+	livenessPeriod = 10 * time.Second
+)
+
+// watchLiveness marks silent nodes not alive until ctx ends.
+func watchLiveness(ctx context.Context, store *models.Store, log *slog.Logger) {
+	t := time.NewTicker(livenessPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		names, err := store.MarkSilentNodes(ctx, nodeSilence)
+		if err != nil {
+			log.Warn("liveness check failed", "error", err)
+			continue
+		}
+		for _, name := range names {
+			log.Warn("node is not alive: its agent stopped heartbeating", "node", name, "silence", nodeSilence)
+		}
+	}
 }
