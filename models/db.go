@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -134,4 +135,39 @@ func uniqueViolation(err error, reason string) error {
 		return &ConflictError{Reason: reason}
 	}
 	return err
+}
+
+// byRef narrows a query to the row a reference names: an id when it is all
+// digits, else a name.
+func byRef(q *gorm.DB, ref string) *gorm.DB {
+	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
+		return q.Where("id = ?", id)
+	}
+	return q.Where("name = ?", ref)
+}
+
+// byVersionedRef narrows a query to an id, a name@version, or a name (the
+// newest of that name).
+func byVersionedRef(q *gorm.DB, ref string) *gorm.DB {
+	if _, err := strconv.ParseInt(ref, 10, 64); err != nil {
+		if name, version, ok := strings.Cut(ref, "@"); ok {
+			return q.Where("name = ? AND version = ?", name, version)
+		}
+		return q.Where("name = ?", ref).Order("id DESC")
+	}
+	return byRef(q, ref)
+}
+
+// takeRef loads the one row of a narrowed query, or ErrNotFound naming what
+// was looked for.
+func takeRef[T any](q *gorm.DB, what, ref string) (*T, error) {
+	var row T
+	err := q.Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, notFound(what, ref)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load %s %s: %w", what, ref, err)
+	}
+	return &row, nil
 }

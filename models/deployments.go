@@ -11,21 +11,7 @@ import (
 
 // findDeployment looks a deployment up by id (all digits) or by name.
 func findDeployment(tx *gorm.DB, ref string) (*Deployment, error) {
-	var dep Deployment
-	q := tx
-	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
-		q = q.Where("id = ?", id)
-	} else {
-		q = q.Where("name = ?", ref)
-	}
-	err := q.Take(&dep).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("deployment", ref)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load deployment %s: %w", ref, err)
-	}
-	return &dep, nil
+	return takeRef[Deployment](byRef(tx, ref), "deployment", ref)
 }
 
 // Deployment finds a deployment by id or name.

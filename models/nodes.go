@@ -116,21 +116,7 @@ func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address str
 
 // Node finds a node by id or name.
 func (s *Store) Node(ctx context.Context, ref string) (*Node, error) {
-	var node Node
-	q := s.DB.WithContext(ctx)
-	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
-		q = q.Where("id = ?", id)
-	} else {
-		q = q.Where("name = ?", ref)
-	}
-	err := q.Take(&node).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("node", ref)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load node %s: %w", ref, err)
-	}
-	return &node, nil
+	return takeRef[Node](byRef(s.DB.WithContext(ctx), ref), "node", ref)
 }
 
 // Nodes lists nodes, optionally only those of one deployment.

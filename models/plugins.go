@@ -2,11 +2,9 @@ package models
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -105,23 +103,7 @@ func (s *Store) CreatePlugin(ctx context.Context, in PluginInput) (*Plugin, erro
 // findPlugin looks a plugin up by id (all digits), name@version or name (the
 // newest of that name).
 func findPlugin(tx *gorm.DB, ref string) (*Plugin, error) {
-	var p Plugin
-	q := tx
-	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
-		q = q.Where("id = ?", id)
-	} else if name, version, ok := strings.Cut(ref, "@"); ok {
-		q = q.Where("name = ? AND version = ?", name, version)
-	} else {
-		q = q.Where("name = ?", ref).Order("id DESC")
-	}
-	err := q.Take(&p).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("plugin", ref)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load plugin %s: %w", ref, err)
-	}
-	return &p, nil
+	return takeRef[Plugin](byVersionedRef(tx, ref), "plugin", ref)
 }
 
 // Plugin finds a plugin by id, name@version or name (newest).

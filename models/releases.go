@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"gorm.io/gorm"
@@ -44,23 +43,7 @@ type GraphSpec struct {
 }
 
 func findRelease(tx *gorm.DB, ref string) (*Release, error) {
-	var rel Release
-	q := tx
-	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
-		q = q.Where("id = ?", id)
-	} else if name, version, ok := strings.Cut(ref, "@"); ok {
-		q = q.Where("name = ? AND version = ?", name, version)
-	} else {
-		q = q.Where("name = ?", ref).Order("id DESC")
-	}
-	err := q.Take(&rel).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("release", ref)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load release %s: %w", ref, err)
-	}
-	return &rel, nil
+	return takeRef[Release](byVersionedRef(tx, ref), "release", ref)
 }
 
 // Release finds a release by id, name@version or name (newest).
