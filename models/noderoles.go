@@ -112,6 +112,31 @@ func RunRoleHooks(ctx context.Context, tx *gorm.DB, role, event string, nr *Node
 	return nil
 }
 
+// stateEvents names the event of each state a noderole can enter.
+var stateEvents = map[string]string{
+	NodeRoleTodo: OnTodo, NodeRoleBlocked: OnBlocked, NodeRoleTransition: OnTransition,
+	NodeRoleError: OnError, NodeRoleActive: OnActive,
+}
+
+// announce runs, for each noderole (in the order given), the hooks of the
+// event of the state it is now in. The seed calls them after the noderole
+// and its children have been updated, so callers announce the noderole
+// itself first and then the children they changed.
+func announce(ctx context.Context, tx *gorm.DB, ids ...int64) error {
+	for _, id := range ids {
+		nr, err := loadNodeRole(tx, id, false)
+		if err != nil {
+			return err
+		}
+		if event, ok := stateEvents[nr.State]; ok {
+			if err := RunRoleHooks(ctx, tx, nr.RoleName, event, nr); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // ActiveJigs are the jigs that can run roles now.
 var ActiveJigs = map[string]bool{"agent": true, "local": true, "noop": true}
 
@@ -586,7 +611,10 @@ func (s *Store) TransitionNodeRole(ctx context.Context, id int64) (*NodeRole, er
 		if len(busy) > 0 {
 			return &ConflictError{Reason: fmt.Sprintf("node %s already has noderole %d in transition", nr.NodeName, busy[0])}
 		}
-		return setState(tx, id, NodeRoleTransition, nil)
+		if err := setState(tx, id, NodeRoleTransition, nil); err != nil {
+			return err
+		}
+		return announce(ctx, tx, id)
 	})
 	if err != nil {
 		return nil, err
@@ -619,10 +647,16 @@ func (s *Store) FinishNodeRole(ctx context.Context, id int64, ok bool, wall map[
 		}).Error; err != nil {
 			return fmt.Errorf("finish noderole %d: %w", id, err)
 		}
+		var changed []int64
 		if ok {
-			return unblockChildren(tx, id)
+			changed, err = unblockChildren(tx, id)
+		} else {
+			changed, err = blockDescendants(tx, id)
 		}
-		return blockDescendants(tx, id)
+		if err != nil {
+			return err
+		}
+		return announce(ctx, tx, append([]int64{id}, changed...)...)
 	})
 	if err != nil {
 		return nil, err
@@ -641,10 +675,13 @@ func (s *Store) RetryNodeRole(ctx context.Context, id int64) (*NodeRole, error) 
 		if nr.State != NodeRoleError {
 			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in error can be retried", id, nr.State)}
 		}
-		return tx.Exec(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
+		if err := tx.Exec(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
 				SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
 				WHERE e.child_id = n.id AND p.state <> 'active') THEN 'blocked' ELSE 'todo' END
-			WHERE n.id = ?`, id).Error
+			WHERE n.id = ?`, id).Error; err != nil {
+			return fmt.Errorf("retry noderole %d: %w", id, err)
+		}
+		return announce(ctx, tx, id)
 	})
 	if err != nil {
 		return nil, err
@@ -666,37 +703,43 @@ func setState(tx *gorm.DB, id int64, state string, extra map[string]any) error {
 // unblockChildren sets the blocked children (in committed snapshots) of an
 // active noderole to todo when all their parents are active. Children are
 // locked in id order, so concurrent finishes do not deadlock.
-func unblockChildren(tx *gorm.DB, id int64) error {
+func unblockChildren(tx *gorm.DB, id int64) ([]int64, error) {
 	var children []int64
 	if err := tx.Raw(`SELECT c.id FROM noderoles c
 		JOIN noderole_edges e ON e.child_id = c.id AND e.parent_id = ?
 		JOIN snapshots s ON s.id = c.snapshot_id AND s.state = 'committed'
 		WHERE c.state = 'blocked' ORDER BY c.id FOR UPDATE OF c`, id).Scan(&children).Error; err != nil {
-		return fmt.Errorf("lock children of noderole %d: %w", id, err)
+		return nil, fmt.Errorf("lock children of noderole %d: %w", id, err)
 	}
 	if len(children) == 0 {
-		return nil
+		return nil, nil
 	}
-	if err := tx.Exec(`UPDATE noderoles c SET state = 'todo', updated_at = now()
+	var changed []int64
+	if err := tx.Raw(`UPDATE noderoles c SET state = 'todo', updated_at = now()
 		WHERE c.id IN ? AND c.state = 'blocked' AND NOT EXISTS (
 			SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
-			WHERE e.child_id = c.id AND p.state <> 'active')`, children).Error; err != nil {
-		return fmt.Errorf("unblock children of noderole %d: %w", id, err)
+			WHERE e.child_id = c.id AND p.state <> 'active')
+		RETURNING c.id`, children).Scan(&changed).Error; err != nil {
+		return nil, fmt.Errorf("unblock children of noderole %d: %w", id, err)
 	}
-	return nil
+	slices.Sort(changed)
+	return changed, nil
 }
 
 // blockDescendants sets every todo descendant (in committed snapshots) of
 // an errored noderole to blocked.
-func blockDescendants(tx *gorm.DB, id int64) error {
-	if err := tx.Exec(`WITH RECURSIVE d(id) AS (
+func blockDescendants(tx *gorm.DB, id int64) ([]int64, error) {
+	var changed []int64
+	if err := tx.Raw(`WITH RECURSIVE d(id) AS (
 			SELECT child_id FROM noderole_edges WHERE parent_id = @id
 			UNION SELECT e.child_id FROM noderole_edges e JOIN d ON e.parent_id = d.id)
 		UPDATE noderoles n SET state = 'blocked', updated_at = now()
 		FROM d, snapshots s
-		WHERE n.id = d.id AND s.id = n.snapshot_id AND s.state = 'committed' AND n.state = 'todo'`,
-		map[string]any{"id": id}).Error; err != nil {
-		return fmt.Errorf("block descendants of noderole %d: %w", id, err)
+		WHERE n.id = d.id AND s.id = n.snapshot_id AND s.state = 'committed' AND n.state = 'todo'
+		RETURNING n.id`,
+		map[string]any{"id": id}).Scan(&changed).Error; err != nil {
+		return nil, fmt.Errorf("block descendants of noderole %d: %w", id, err)
 	}
-	return nil
+	slices.Sort(changed)
+	return changed, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -240,11 +241,18 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 				return fmt.Errorf("move edges to snapshot %d: %w", id, err)
 			}
 		}
-		if err := tx.Exec(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
+		var scheduled []int64
+		if err := tx.Raw(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
 				SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
 				WHERE e.child_id = n.id AND p.state <> 'active') THEN 'blocked' ELSE 'todo' END
-			WHERE n.snapshot_id = ? AND n.state IN ('proposed', 'todo', 'blocked', 'transition')`, id).Error; err != nil {
+			WHERE n.snapshot_id = ? AND n.state IN ('proposed', 'todo', 'blocked', 'transition')
+			RETURNING n.id`, id).Scan(&scheduled).Error; err != nil {
 			return fmt.Errorf("schedule noderoles of snapshot %d: %w", id, err)
+		}
+		// Creation order is dependency order: parents announce first.
+		slices.Sort(scheduled)
+		if err := announce(ctx, tx, scheduled...); err != nil {
+			return err
 		}
 		snap.State, snap.CommittedAt = SnapshotCommitted, &t
 		out = snap
