@@ -136,13 +136,65 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 		if err != nil {
 			return fmt.Errorf("summarise plan of %s graph %d: %w", id, gi, err)
 		}
-		out.Nodes = rows
+		var deps []nodeDep
+		err = tx.Raw(`
+SELECT DISTINCT p.node_id AS before, c.node_id AS after
+FROM run_edges e
+JOIN task_runs p ON p.id = e.parent_id
+JOIN task_runs c ON c.id = e.child_id
+WHERE c.transaction_id = ? AND c.graph_index = ? AND p.node_id <> c.node_id`, id, gi).Scan(&deps).Error
+		if err != nil {
+			return fmt.Errorf("load node dependencies of %s graph %d: %w", id, gi, err)
+		}
+		out.Nodes = nodeStartOrder(rows, deps)
 		for _, n := range rows {
 			out.Runs += n.Runs
 		}
 		return nil
 	})
 	return out, err
+}
+
+// nodeDep says that a run on node After waits for a run on node Before.
+type nodeDep struct{ Before, After int64 }
+
+// nodeStartOrder orders nodes so that a node comes after the nodes it waits
+// for (ties, and nodes caught in a cycle, by name). With a cap on the nodes
+// in flight, the first unfinished node then never waits for a node that has
+// not started, so the cap cannot deadlock an acyclic graph.
+func nodeStartOrder(nodes []PlannedNode, deps []nodeDep) []PlannedNode {
+	waits := map[int64]int{}
+	next := map[int64][]int64{}
+	for _, d := range deps {
+		waits[d.After]++
+		next[d.Before] = append(next[d.Before], d.After)
+	}
+	out := make([]PlannedNode, 0, len(nodes))
+	done := map[int64]bool{}
+	for len(out) < len(nodes) {
+		progressed := false
+		for _, n := range nodes { // nodes are in name order
+			if done[n.ID] || waits[n.ID] > 0 {
+				continue
+			}
+			done[n.ID], progressed = true, true
+			out = append(out, n)
+			for _, m := range next[n.ID] {
+				waits[m]--
+			}
+			break // restart from the first name: ties go by name
+		}
+		if !progressed {
+			// A cycle between nodes: start the first remaining one by name.
+			for _, n := range nodes {
+				if !done[n.ID] {
+					waits[n.ID] = 0
+					break
+				}
+			}
+		}
+	}
+	return out
 }
 
 // PlanError is a graph that cannot be planned (a cycle, say): retrying will

@@ -244,3 +244,17 @@ func TestReboot(t *testing.T) {
 	assert.Contains(t, runs["restart@"+nodeName("stuck")].Error, "did not come back with a new boot id within 3s")
 	assert.Equal(t, models.RunBlocked, runs["after-reboot@"+nodeName("stuck")].State)
 }
+
+// TestConcurrencyCapWithCrossNodeDependencies: with one node in flight, a
+// node that waits for another ("cmp" waits for the api on "ctl", and sorts
+// before it) is started after it, so the transaction cannot deadlock.
+func TestConcurrencyCapWithCrossNodeDependencies(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	setup(t, st, map[string][]string{"ctl": {"controller"}, "cmp": {"compute"}})
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment", "max_nodes_in_flight": 1}}})
+	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	assert.False(t, runs["base@"+nodeName("cmp")].StartedAt.Before(*runs["api@"+nodeName("ctl")].FinishedAt),
+		"cmp started only after ctl finished")
+}

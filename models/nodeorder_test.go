@@ -1,0 +1,33 @@
+package models
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestNodeStartOrder(t *testing.T) {
+	a, b, c := PlannedNode{ID: 1, Name: "a"}, PlannedNode{ID: 2, Name: "b"}, PlannedNode{ID: 3, Name: "c"}
+	names := func(ns []PlannedNode) []string {
+		var out []string
+		for _, n := range ns {
+			out = append(out, n.Name)
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		deps []nodeDep
+		want []string
+	}{
+		{"no dependencies: by name", nil, []string{"a", "b", "c"}},
+		{"a waits for c", []nodeDep{{Before: 3, After: 1}}, []string{"b", "c", "a"}},
+		{"chain c → b → a", []nodeDep{{3, 2}, {2, 1}}, []string{"c", "b", "a"}},
+		{"cycle a ↔ b, c free", []nodeDep{{1, 2}, {2, 1}}, []string{"c", "a", "b"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, names(nodeStartOrder([]PlannedNode{a, b, c}, tc.deps)))
+		})
+	}
+}
