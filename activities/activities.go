@@ -68,7 +68,7 @@ func (a *Activities) PlanGraph(ctx context.Context, ref GraphRef) (*models.Graph
 		return nil, temporal.NewNonRetryableApplicationError(perr.Reason, ErrTypePlan, nil)
 	}
 	if err != nil {
-		return nil, err
+		return nil, missingTransaction(ctx, err)
 	}
 	for _, w := range p.Warnings {
 		a.Log.Warn("plan warning", "transaction", ref.TransactionID, "graph", p.GraphType, "warning", w)
@@ -204,7 +204,7 @@ func (a *Activities) FinishTransaction(ctx context.Context, in FinishInput) (*Tr
 	}
 	st, err := a.Store.FinishTransaction(ctx, id, in.Stopped, in.FailReason)
 	if err != nil {
-		return nil, err
+		return nil, missingTransaction(ctx, err)
 	}
 	a.Log.Info("transaction finished", "transaction", in.TransactionID, "status", st.Status, "error", st.Error)
 	return &TransactionOutcome{Status: st.Status, Error: st.Error, Counts: st.Counts}, nil
@@ -229,4 +229,20 @@ func (a *Activities) FinishNodeGraph(ctx context.Context, end NodeGraphEnd) erro
 		return err
 	}
 	return a.Store.FinishNodeGraph(ctx, id, end.GraphIndex, end.NodeID, end.Outcome)
+}
+
+// missingTransactionAttempts bounds how long an activity waits for its
+// transaction's row: the workflow starts inside the database transaction
+// that writes it, so the first attempts may run before the commit; if the
+// commit failed, the row never comes and the workflow must fail visibly.
+const missingTransactionAttempts = 6
+
+// missingTransaction makes "transaction not found" final after a few
+// attempts; other errors pass through to be retried.
+func missingTransaction(ctx context.Context, err error) error {
+	if errors.Is(err, models.ErrNotFound) && activity.GetInfo(ctx).Attempt >= missingTransactionAttempts {
+		return temporal.NewNonRetryableApplicationError(
+			"the transaction's row does not exist (its creation was rolled back): "+err.Error(), "BadInput", err)
+	}
+	return err
 }

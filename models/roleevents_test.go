@@ -12,12 +12,13 @@ import (
 	"github.com/anneal-dev/anneal/models"
 )
 
-// roleEvents records, per noderole id, the events its role's hooks saw, in
-// order, together with the state the noderole was in when called.
+// roleEvents records, per "role@node", the events the role's hooks saw, in
+// order, with the state the noderole was in when called. Keyed by names,
+// not ids: parallel tests have databases of their own with the same ids.
 var roleEvents = struct {
 	sync.Mutex
-	byID map[int64][]string
-}{byID: map[int64][]string{}}
+	byKey map[string][]string
+}{byKey: map[string][]string{}}
 
 func init() {
 	for _, role := range []string{"cache", "front"} {
@@ -26,17 +27,18 @@ func init() {
 			models.RegisterRoleHook(role, event, func(_ context.Context, _ *gorm.DB, nr *models.NodeRole) error {
 				roleEvents.Lock()
 				defer roleEvents.Unlock()
-				roleEvents.byID[nr.ID] = append(roleEvents.byID[nr.ID], event+":"+nr.State)
+				key := nr.RoleName + "@" + nr.NodeName
+				roleEvents.byKey[key] = append(roleEvents.byKey[key], event+":"+nr.State)
 				return nil
 			})
 		}
 	}
 }
 
-func eventsOf(id int64) []string {
+func eventsOf(nr *models.NodeRole) []string {
 	roleEvents.Lock()
 	defer roleEvents.Unlock()
-	return append([]string(nil), roleEvents.byID[id]...)
+	return append([]string(nil), roleEvents.byKey[nr.RoleName+"@"+nr.NodeName]...)
 }
 
 // TestRoleEvents: each transition calls the role's hook for the event of
@@ -49,15 +51,15 @@ func TestRoleEvents(t *testing.T) {
 	cache := c.bind(t, snap, "ev1", "cache")
 	front := c.bind(t, snap, "ev1", "front")
 	c.commit(t, snap)
-	assert.Equal(t, []string{"on_todo:todo"}, eventsOf(cache.ID))
-	assert.Equal(t, []string{"on_blocked:blocked"}, eventsOf(front.ID))
+	assert.Equal(t, []string{"on_todo:todo"}, eventsOf(cache))
+	assert.Equal(t, []string{"on_blocked:blocked"}, eventsOf(front))
 
 	_, err := c.store.TransitionNodeRole(c.ctx, cache.ID)
 	require.NoError(t, err)
 	_, err = c.store.FinishNodeRole(c.ctx, cache.ID, true, nil)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"on_todo:todo", "on_transition:transition", "on_active:active"}, eventsOf(cache.ID))
-	assert.Equal(t, []string{"on_blocked:blocked", "on_todo:todo"}, eventsOf(front.ID), "the child is announced once it is todo")
+	assert.Equal(t, []string{"on_todo:todo", "on_transition:transition", "on_active:active"}, eventsOf(cache))
+	assert.Equal(t, []string{"on_blocked:blocked", "on_todo:todo"}, eventsOf(front), "the child is announced once it is todo")
 
 	_, err = c.store.TransitionNodeRole(c.ctx, front.ID)
 	require.NoError(t, err)
@@ -66,5 +68,5 @@ func TestRoleEvents(t *testing.T) {
 	_, err = c.store.RetryNodeRole(c.ctx, front.ID)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"on_blocked:blocked", "on_todo:todo", "on_transition:transition", "on_error:error", "on_todo:todo"},
-		eventsOf(front.ID))
+		eventsOf(front))
 }

@@ -558,7 +558,7 @@ func setPending(tx *gorm.DB, ids []int64, state, reason string) error {
 func (s *Store) AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeID int64, reason string) error {
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).
 		Where("transaction_id = ? AND graph_index = ? AND node_id = ? AND state IN ?", id, gi, nodeID, []string{RunPending, RunRunning}).
-		Updates(map[string]any{"state": RunFailed, "error": reason, "updated_at": now()}).Error
+		Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
 	if err != nil {
 		return fmt.Errorf("abandon runs of node %d in %s: %w", nodeID, id, err)
 	}
@@ -580,7 +580,7 @@ func (s *Store) SucceedNoOp(ctx context.Context, runID int64) error {
 // timed out into a failure: the workflow moved on without it.
 func (s *Store) RejectLateResult(ctx context.Context, runID int64, attempt int, reason string) error {
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND attempt = ?", runID, attempt).
-		Updates(map[string]any{"state": RunFailed, "error": reason, "updated_at": now()}).Error
+		Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
 	if err != nil {
 		return fmt.Errorf("reject late result of run %d: %w", runID, err)
 	}
@@ -637,8 +637,8 @@ SELECT
 // RejectRebootRun fails a reboot run whose node did not come back in time
 // (its agent had reported the reboot under way).
 func (s *Store) RejectRebootRun(ctx context.Context, runID int64, reason string) error {
-	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ?", runID).
-		Updates(map[string]any{"state": RunFailed, "error": reason, "updated_at": now()}).Error
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state = ?", runID, RunSucceeded).
+		Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
 	if err != nil {
 		return fmt.Errorf("fail reboot run %d: %w", runID, err)
 	}

@@ -66,9 +66,10 @@ func TestPlanGraph(t *testing.T) {
 	txn, gp := f.plan(t)
 	want := &models.GraphPlan{
 		GraphType: "deployment",
+		// ctl first: nova on cmp waits for db on ctl.
 		Nodes: []models.PlannedNode{
-			{ID: f.cmp.ID, Name: cmpName, Runs: 2},
 			{ID: f.ctl.ID, Name: ctlName, Runs: 2},
+			{ID: f.cmp.ID, Name: cmpName, Runs: 2},
 		},
 		Runs:             4,
 		MaxNodesInFlight: models.DefaultMaxNodesInFlight,

@@ -172,8 +172,8 @@ func taskNames(runs map[string]models.TaskRun) []string {
 
 // TestSpecialTasks: upload_file, sync and erase_node run on the node as
 // shell, master_shell runs on the orchestrator with the node's context,
-// skipped is recorded as skipped, move_to_bootstrap returns the node to
-// discovery, and reboot is refused as not supported yet.
+// skipped is recorded as skipped, and move_to_bootstrap returns the node
+// to discovery.
 func TestSpecialTasks(t *testing.T) {
 	st := testenv.NewStack(t, testenv.Options{})
 	agents := setup(t, st, map[string][]string{"ctl": {"controller"}, "cmp": {"compute"}})

@@ -2,12 +2,14 @@ package web
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"strings"
 
 	"github.com/labstack/echo/v4"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
 
 	"github.com/anneal-dev/anneal/models"
@@ -59,6 +61,10 @@ func (s *Server) startWorkflow(ctx context.Context, txn *models.Transaction, sum
 		TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,
 	}
 	if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
+		var started *serviceerror.WorkflowExecutionAlreadyStarted
+		if errors.As(err, &started) {
+			return &models.ConflictError{Reason: fmt.Sprintf("workflow %s is still running; wait for it to end", txn.WorkflowID)}
+		}
 		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the transaction workflow; nothing was recorded: "+err.Error())
 	}
 	return nil

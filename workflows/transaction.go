@@ -19,8 +19,6 @@ type TransactionInput struct {
 	Graphs int `json:"graphs"`
 	// HeartbeatTimeoutSec overrides DefaultHeartbeatTimeout.
 	HeartbeatTimeoutSec int `json:"heartbeat_timeout_sec,omitempty"`
-	// MaxNodesInFlight overrides DefaultMaxNodesInFlight.
-	MaxNodesInFlight int `json:"max_nodes_in_flight,omitempty"`
 }
 
 // graphResult sums up the node workflows of one graph.
@@ -91,10 +89,7 @@ func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.Grap
 	var a *activities.Activities
 	limit := gp.MaxNodesInFlight
 	if limit <= 0 {
-		limit = in.MaxNodesInFlight
-	}
-	if limit <= 0 {
-		limit = DefaultMaxNodesInFlight
+		limit = models.DefaultMaxNodesInFlight
 	}
 	threshold := 100
 	if gp.FailureThreshold != nil {

@@ -192,6 +192,7 @@ func (s *TransactionSuite) TestMaxNodesInFlight() {
 		nodes = append(nodes, models.PlannedNode{ID: int64(i + 1), Name: fmt.Sprintf("node-%d", i+1), Runs: 1})
 	}
 	f.graphPlans[0] = graphPlan(nodes...)
+	f.graphPlans[0].MaxNodesInFlight = 2
 	var (
 		mu               sync.Mutex
 		running, maxRuns int
@@ -215,7 +216,6 @@ func (s *TransactionSuite) TestMaxNodesInFlight() {
 			return &workflows.NodeResult{Succeeded: 1}, nil
 		})
 	in := txInput(1)
-	in.MaxNodesInFlight = 2
 	in.HeartbeatTimeoutSec = 7
 	env.ExecuteWorkflow(workflows.TransactionWorkflow, in)
 

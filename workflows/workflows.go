@@ -28,19 +28,12 @@ const SignalRunsFinished = "runs-finished"
 // its agent before it counts as lost.
 const DefaultHeartbeatTimeout = 60 * time.Second
 
-// DefaultMaxNodesInFlight caps the node workflows a transaction runs at once
-// (Temporal allows 2,000 pending children per workflow).
-const DefaultMaxNodesInFlight = 1000
-
 // Register registers the workflows on a worker under their readable names.
 func Register(r worker.WorkflowRegistry) {
 	r.RegisterWorkflowWithOptions(Transaction, workflow.RegisterOptions{Name: TransactionWorkflow})
 	r.RegisterWorkflowWithOptions(NodeRun, workflow.RegisterOptions{Name: NodeWorkflow})
 	r.RegisterWorkflowWithOptions(SoftwareDeployment, workflow.RegisterOptions{Name: SoftwareDeploymentWorkflow})
 }
-
-// TransactionWorkflowID is the workflow ID of a transaction.
-func TransactionWorkflowID(txID string) string { return "tx-" + txID }
 
 // NodeWorkflowID is the workflow ID of a node's share of a transaction.
 func NodeWorkflowID(txID, node string) string { return fmt.Sprintf("tx-%s/%s", txID, node) }
