@@ -512,6 +512,10 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		return nil, fmt.Errorf("run %d belongs to another node: %w", runID, ErrForbidden)
 	case res.Attempt != cur.Attempt:
 		return nil, &ConflictError{Reason: fmt.Sprintf("run %d is at attempt %d, not %d", runID, cur.Attempt, res.Attempt)}
+	case cur.State == RunFailed && cur.ExitCode == nil:
+		// Failed without a report (timed out, agent lost): this result came
+		// too late to count.
+		return nil, &ConflictError{Reason: fmt.Sprintf("run %d already failed without a report (%s); this result is not awaited any more", runID, cur.Error)}
 	case RunFinal(cur.State):
 		return &RecordedResult{Run: &cur}, nil // a repeated report: nothing changes
 	default:

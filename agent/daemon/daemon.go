@@ -385,6 +385,9 @@ func (a *agent) heartbeatLoop(ctx context.Context) {
 	}
 }
 
+// maxSeen bounds the runs the agent remembers having run.
+const maxSeen = 10000
+
 func (a *agent) workLoop(ctx context.Context) {
 	b := a.backoff()
 	for ctx.Err() == nil {
@@ -420,6 +423,10 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	if _, dup := a.seen[key]; dup {
 		log.Warn("run handed out again for the same attempt; not running it twice")
 		return
+	}
+	if len(a.seen) >= maxSeen {
+		// Old runs are long done; forgetting them keeps memory bounded.
+		clear(a.seen)
 	}
 	a.seen[key] = struct{}{}
 
