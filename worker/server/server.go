@@ -118,7 +118,13 @@ func Run(ctx context.Context, cfg Config) error {
 // NewWorker creates (without starting) a worker with every workflow and
 // activity registered explicitly.
 func NewWorker(tc client.Client, store *models.Store, taskQueue string, logger *slog.Logger) worker.Worker {
-	w := worker.New(tc, taskQueue, worker.Options{})
+	// More pollers than the SDK's default two: a transaction keeps hundreds
+	// of node workflows busy at once, and their workflow tasks also run the
+	// short local activities that read Postgres.
+	w := worker.New(tc, taskQueue, worker.Options{
+		MaxConcurrentWorkflowTaskPollers: 8,
+		MaxConcurrentActivityTaskPollers: 8,
+	})
 	workflows.Register(w)
 	w.RegisterActivity(&activities.Activities{Store: store, Log: logger})
 	return w
