@@ -304,10 +304,16 @@ func TestAgentSeesOnlyItsOwnNode(t *testing.T) {
 	assert.Equal(t, http.StatusForbidden, status, "%s", body)
 	status, body = testenv.Call(t, http.MethodPost, fmt.Sprintf("%s/api/v1/agent/runs/%d/heartbeat", st.URL, ctlRun.ID), other, map[string]any{}, nil)
 	assert.Equal(t, http.StatusForbidden, status, "%s", body)
-	// The owner may (a repeated report changes nothing).
+	// The owner may (a repeated report changes nothing, even with another
+	// exit code).
 	own := agents["ctl"].Token(t)
+	report["exit_code"] = 7
 	status, body = testenv.Call(t, http.MethodPost, fmt.Sprintf("%s/api/v1/agent/runs/%d/result", st.URL, ctlRun.ID), own, report, nil)
 	assert.Equal(t, http.StatusOK, status, "%s", body)
+	again := runsByKey(t, st, ans.TaskUUID, "")["api@"+nodeName("ctl")]
+	assert.Equal(t, models.RunSucceeded, again.State)
+	require.NotNil(t, again.ExitCode)
+	assert.Equal(t, 0, *again.ExitCode)
 	// An agent's credential opens no operator route, and an operator token
 	// is not an agent's.
 	status, _ = testenv.Call(t, http.MethodGet, st.URL+"/api/v1/nodes", other, nil, nil)
