@@ -144,14 +144,7 @@ type NodeUpdate struct {
 func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Node, error) {
 	var out *Node
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		node, err := (&Store{DB: tx}).Node(ctx, ref)
-		if err != nil {
-			return err
-		}
-		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(node, node.ID).Error; err != nil {
-			return fmt.Errorf("lock node %s: %w", ref, err)
-		}
-		oldDep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+		node, oldDep, err := lockNode(tx, ref)
 		if err != nil {
 			return err
 		}
@@ -265,4 +258,18 @@ RETURNING name`, silence.Seconds()).Scan(&names).Error
 		return nil, fmt.Errorf("mark silent nodes: %w", err)
 	}
 	return names, nil
+}
+
+// lockNode loads a node (by id or name) locked for update, with its
+// deployment: the start of every change to a node's roles or tags.
+func lockNode(tx *gorm.DB, ref string) (*Node, *Deployment, error) {
+	node, err := takeRef[Node](byRef(tx.Clauses(clause.Locking{Strength: "UPDATE"}), ref), "node", ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	dep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+	if err != nil {
+		return nil, nil, err
+	}
+	return node, dep, nil
 }

@@ -653,14 +653,7 @@ func (s *Store) UnassignTags(ctx context.Context, ref string, tags []string) (*N
 func (s *Store) changeNodeTags(ctx context.Context, ref string, change func(*gorm.DB, *Node, *Deployment) ([]string, error)) (*NodeTagView, error) {
 	var out *NodeTagView
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		node, err := (&Store{DB: tx}).Node(ctx, ref)
-		if err != nil {
-			return err
-		}
-		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(node, node.ID).Error; err != nil {
-			return fmt.Errorf("lock node %s: %w", ref, err)
-		}
-		dep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+		node, dep, err := lockNode(tx, ref)
 		if err != nil {
 			return err
 		}
