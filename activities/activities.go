@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/anneal-dev/anneal/models"
@@ -33,6 +34,13 @@ type Activities struct {
 	// OrchestratorDir is where master_shell tasks run (a directory per
 	// node); default <tmp>/anneal-orchestrator.
 	OrchestratorDir string
+	// Temporal and TaskQueue let the annealer's activities start noderole
+	// runs and wake the annealer.
+	Temporal  client.Client
+	TaskQueue string
+	// HeartbeatTimeoutSec is how long a noderole's run may go without its
+	// agent's heartbeat (0: the workflows' default).
+	HeartbeatTimeoutSec int
 }
 
 // GraphRef addresses one graph of a transaction.
@@ -207,6 +215,12 @@ func (a *Activities) FinishTransaction(ctx context.Context, in FinishInput) (*Tr
 		return nil, missingTransaction(ctx, err)
 	}
 	a.Log.Info("transaction finished", "transaction", in.TransactionID, "status", st.Status, "error", st.Error)
+	if a.Temporal != nil {
+		// Its nodes are free for the annealer again.
+		if err := KickAnnealer(ctx, a.Temporal, a.TaskQueue, "transaction "+in.TransactionID+" finished"); err != nil {
+			a.Log.Warn("annealer not woken", "error", err)
+		}
+	}
 	return &TransactionOutcome{Status: st.Status, Error: st.Error, Counts: st.Counts}, nil
 }
 

@@ -2,6 +2,7 @@ package activities
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -96,6 +97,15 @@ func (a *Activities) masterShell(ctx context.Context, run *models.TaskRun, node 
 	item := protocol.WorkItem{
 		RunID: run.ID, Attempt: run.Attempt, TransactionID: run.TransactionID.String(), Graph: run.GraphType,
 		Task: run.TaskName, Type: "shell", Command: run.Spec.Cmd, TimeoutSec: run.Spec.TimeoutSec, Env: env,
+	}
+	if run.NodeRoleID != nil {
+		// A noderole run of the local jig: it sees its attributes as an
+		// agent's run would.
+		raw, err := json.Marshal(run.AttrsIn)
+		if err != nil {
+			return protocol.RunResult{}, fmt.Errorf("encode attributes of run %d: %w", run.ID, err)
+		}
+		item.TransactionID, item.NodeRoleID, item.Attrs = "", *run.NodeRoleID, raw
 	}
 	return exec.Execute(ctx, item), nil
 }

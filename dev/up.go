@@ -104,6 +104,9 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	if err := assignNodes(ctx, api, names, agents); err != nil {
 		return err
 	}
+	if err := bindSampleRoles(ctx, api, names); err != nil {
+		return err
+	}
 	if err := writeEnv(state, env); err != nil {
 		return err
 	}
@@ -261,6 +264,38 @@ func assignNodes(ctx context.Context, api *apiClient, names []string, agents []*
 		if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", body, nil); err != nil {
 			return fmt.Errorf("assign %s to %s: %w", role, name, err)
 		}
+	}
+	return nil
+}
+
+// bindSampleRoles binds the sample release's Crowbar roles through a
+// snapshot of the sample deployment, once: db-server on the first node,
+// app-server on the others. Committing it wakes the annealer, which runs
+// them in dependency order (after each node's node-base).
+func bindSampleRoles(ctx context.Context, api *apiClient, names []string) error {
+	var bound []models.NodeRole
+	if _, err := api.call(ctx, http.MethodGet, "/api/v1/noderoles?deployment="+devDeployment, "", nil, &bound); err != nil {
+		return fmt.Errorf("list the sample noderoles: %w", err)
+	}
+	if len(bound) > 0 {
+		return nil // a second `up`: the deployment keeps what it has
+	}
+	var snap models.Snapshot
+	if _, err := api.call(ctx, http.MethodPost, "/api/v1/deployments/"+devDeployment+"/snapshots/propose", "", nil, &snap); err != nil {
+		return fmt.Errorf("propose a snapshot of %s: %w", devDeployment, err)
+	}
+	for i, name := range names {
+		role := "app-server"
+		if i == 0 {
+			role = "db-server"
+		}
+		body := map[string]string{"node": name, "role": role}
+		if _, err := api.call(ctx, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/noderoles", snap.ID), "", body, nil); err != nil {
+			return fmt.Errorf("bind %s to %s: %w", role, name, err)
+		}
+	}
+	if _, err := api.call(ctx, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/commit", snap.ID), "", nil, nil); err != nil {
+		return fmt.Errorf("commit snapshot %d: %w", snap.ID, err)
 	}
 	return nil
 }

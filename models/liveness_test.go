@@ -31,7 +31,7 @@ func TestSilentNodesAreNotAlive(t *testing.T) {
 		assert.NotEqual(t, cmpName, n.Name, "a node that is not alive gets nothing")
 	}
 
-	_, err = f.store.TouchNode(f.ctx, f.cmp.ID, "boot-2", "")
+	_, _, err = f.store.TouchNode(f.ctx, f.cmp.ID, "boot-2", "")
 	require.NoError(t, err)
 	node, err = f.store.Node(f.ctx, cmpName)
 	require.NoError(t, err)

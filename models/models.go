@@ -230,8 +230,15 @@ type TaskRun struct {
 	Outputs       map[string]string `json:"outputs" gorm:"serializer:json"`
 	Error         string            `json:"error"`
 	InputsHash    string            `json:"inputs_hash"`
-	CreatedAt     time.Time         `json:"created_at"`
-	UpdatedAt     time.Time         `json:"updated_at"`
+	// NodeRoleID is set instead of TransactionID on a noderole's run (the
+	// annealer's); Position is then the noderole's run number.
+	NodeRoleID *int64 `json:"noderole_id,omitempty" gorm:"column:noderole_id"`
+	// AttrsIn are the attributes a noderole run was sent; AttrsOut what its
+	// jig handed back (nil until then).
+	AttrsIn   map[string]any `json:"attrs_in,omitempty" gorm:"serializer:json"`
+	AttrsOut  map[string]any `json:"attrs_out,omitempty" gorm:"serializer:json"`
+	CreatedAt time.Time      `json:"created_at"`
+	UpdatedAt time.Time      `json:"updated_at"`
 }
 
 // RunEdge orders two runs: the parent must succeed before the child starts.

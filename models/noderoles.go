@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +52,10 @@ type NodeRole struct {
 	RoleName string  `json:"role" gorm:"-"`
 	Parents  []int64 `json:"parents" gorm:"-"`
 	Children []int64 `json:"children" gorm:"-"`
+	// LastRun is the noderole's newest run (its state, exit code, error,
+	// output tails, times, and the attributes it was sent and handed
+	// back), filled when one noderole is loaded; nil when it never ran.
+	LastRun *TaskRun `json:"last_run,omitempty" gorm:"-"`
 }
 
 // TableName is the noderoles table.
@@ -91,6 +97,9 @@ var (
 // any release). Several hooks for one role and event run in registration
 // order.
 func RegisterRoleHook(role, event string, h NodeRoleHook) {
+	if event == OnNodeCreate || event == OnNodeDelete {
+		panic("RegisterRoleHook: " + event + " is a node event; use RegisterNodeHook")
+	}
 	hooksMu.Lock()
 	defer hooksMu.Unlock()
 	if roleHooks[role] == nil {
@@ -241,13 +250,15 @@ func (s *Store) BindRole(ctx context.Context, snapshotID int64, in BindInput) (*
 		if err != nil {
 			return err
 		}
-		if node.DeploymentID != dep.ID {
-			return Invalid("node", "node %s is not in deployment %q; move it there first (PATCH /api/v1/nodes/%s {\"deployment\": %q})",
-				node.Name, dep.Name, node.Name, dep.Name)
-		}
 		chain, err := deploymentChain(tx, dep)
 		if err != nil {
 			return err
+		}
+		// A node of an ancestor deployment (a discovered node in system)
+		// moves into this one when the snapshot is committed.
+		if !slices.ContainsFunc(chain, func(d Deployment) bool { return d.ID == node.DeploymentID }) {
+			return Invalid("node", "node %s belongs to deployment %d, which is neither %q nor one of its parents; a node moves only down from a parent deployment",
+				node.Name, node.DeploymentID, dep.Name)
 		}
 		role, err := resolveRole(tx, chain, in.Role)
 		if err != nil {
@@ -355,30 +366,41 @@ func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
 	return nr, true, nil
 }
 
-// findParent looks for a binding of prole: on the same node in the
-// snapshot, else anywhere in the snapshot, else in the committed snapshots
-// of the ancestor deployments, nearest first (siblings are not visible).
-// It returns 0 when there is none.
+// findParent looks for a binding of prole visible from the snapshot — in
+// the snapshot itself or in the committed snapshots of the ancestor
+// deployments (siblings are not visible): on the same node first (this
+// snapshot before the ancestors), else on any node (this snapshot, then the
+// ancestors nearest first). It returns 0 when there is none.
 func (b *binder) findParent(prole *Role) (int64, error) {
-	var ids []int64
-	if err := b.tx.Raw(`SELECT id FROM noderoles WHERE snapshot_id = ? AND role_id = ?
-		ORDER BY node_id = ? DESC, id LIMIT 1`, b.snap.ID, prole.ID, b.node.ID).Scan(&ids).Error; err != nil {
-		return 0, fmt.Errorf("look for role %s in snapshot %d: %w", prole.Name, b.snap.ID, err)
-	}
-	if len(ids) > 0 {
-		return ids[0], nil
-	}
+	ancestors := make([]int64, 0, len(b.chain)-1)
 	for _, anc := range b.chain[1:] {
-		if err := b.tx.Model(&NodeRole{}).
-			Where("role_id = ? AND snapshot_id IN (SELECT id FROM snapshots WHERE deployment_id = ? AND state = ?)", prole.ID, anc.ID, SnapshotCommitted).
-			Order("id").Limit(1).Pluck("id", &ids).Error; err != nil {
-			return 0, fmt.Errorf("look for role %s in deployment %s: %w", prole.Name, anc.Name, err)
-		}
-		if len(ids) > 0 {
-			return ids[0], nil
-		}
+		ancestors = append(ancestors, anc.ID)
 	}
-	return 0, nil
+	if len(ancestors) == 0 {
+		ancestors = append(ancestors, 0) // IN () is not SQL
+	}
+	var ids []int64
+	err := b.tx.Raw(`SELECT nr.id FROM noderoles nr JOIN snapshots s ON s.id = nr.snapshot_id
+		WHERE nr.role_id = @role AND (nr.snapshot_id = @snap OR (s.deployment_id IN @anc AND s.state = 'committed'))
+		ORDER BY nr.node_id = @node DESC, nr.snapshot_id = @snap DESC, array_position(CAST(@depth AS bigint[]), s.deployment_id), nr.id
+		LIMIT 1`, map[string]any{"role": prole.ID, "snap": b.snap.ID, "anc": ancestors, "node": b.node.ID,
+		"depth": pgArray(ancestors)}).Scan(&ids).Error
+	if err != nil {
+		return 0, fmt.Errorf("look for role %s: %w", prole.Name, err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	return ids[0], nil
+}
+
+// pgArray writes ids as a Postgres array literal.
+func pgArray(ids []int64) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatInt(id, 10)
+	}
+	return "{" + strings.Join(parts, ",") + "}"
 }
 
 // ensureDeploymentRole returns the deployment's role defaults, creating
@@ -500,6 +522,9 @@ func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
 	if err := decorateNodeRoles(tx, list); err != nil {
 		return nil, err
 	}
+	if list[0].LastRun, err = lastNodeRoleRun(tx, id); err != nil {
+		return nil, err
+	}
 	return &list[0], nil
 }
 
@@ -541,20 +566,29 @@ func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[strin
 
 // NextNodeRoles returns what the annealer may start now in a deployment (all
 // deployments with 0): todo noderoles of committed snapshots whose role's
-// jig is active and whose node is alive and available and has no noderole
+// jig is active and whose node is alive, available and allocated (anneal
+// may manage it) and has no noderole
 // in transition — at most one per node, the first in dependency order
 // (creation order: a noderole is always created after its parents).
-func (s *Store) NextNodeRoles(ctx context.Context, deploymentID int64) ([]NodeRole, error) {
+//
+// A node that is running a transaction's task is busy too: the annealer
+// looks at it again when that transaction ends. At most limit noderoles
+// are returned (0: no limit), oldest first.
+func (s *Store) NextNodeRoles(ctx context.Context, deploymentID int64, limit int) ([]NodeRole, error) {
+	if limit <= 0 {
+		limit = math.MaxInt32
+	}
 	q := s.DB.WithContext(ctx).Raw(`SELECT * FROM (
 			SELECT DISTINCT ON (nr.node_id) nr.*
 			FROM noderoles nr
 			JOIN snapshots s ON s.id = nr.snapshot_id AND s.state = 'committed'
-			JOIN nodes n ON n.id = nr.node_id AND n.alive AND n.available
+			JOIN nodes n ON n.id = nr.node_id AND n.alive AND n.available AND n.allocated
 			JOIN roles r ON r.id = nr.role_id AND r.jig IN ?
 			WHERE nr.state = 'todo' AND (? = 0 OR s.deployment_id = ?)
 			  AND NOT EXISTS (SELECT 1 FROM noderoles t WHERE t.node_id = nr.node_id AND t.state = 'transition')
+			  AND NOT EXISTS (SELECT 1 FROM task_runs b WHERE b.node_id = nr.node_id AND b.state = 'running')
 			ORDER BY nr.node_id, nr.id) x
-		ORDER BY id`, activeJigList(), deploymentID, deploymentID)
+		ORDER BY id LIMIT ?`, activeJigList(), deploymentID, deploymentID, limit)
 	var out []NodeRole
 	if err := q.Scan(&out).Error; err != nil {
 		return nil, fmt.Errorf("find noderoles to run: %w", err)
@@ -584,6 +618,14 @@ func lockForTransition(tx *gorm.DB, id int64) (*NodeRole, error) {
 // TransitionNodeRole moves a todo noderole to transition: the annealer is
 // about to run it. Its node must have nothing else in transition.
 func (s *Store) TransitionNodeRole(ctx context.Context, id int64) (*NodeRole, error) {
+	return s.StartNodeRole(ctx, id, nil)
+}
+
+// StartNodeRole is TransitionNodeRole with start called inside the database
+// transaction, after the noderole went to transition (and its on_transition
+// hooks ran): the annealer starts the run's workflow there, so that either
+// both happen or neither does.
+func (s *Store) StartNodeRole(ctx context.Context, id int64, start func(nr *NodeRole) error) (*NodeRole, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var nodeID []int64
 		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Pluck("node_id", &nodeID).Error; err != nil {
@@ -614,7 +656,14 @@ func (s *Store) TransitionNodeRole(ctx context.Context, id int64) (*NodeRole, er
 		if err := setState(tx, id, NodeRoleTransition, nil); err != nil {
 			return err
 		}
-		return announce(ctx, tx, id)
+		if err := announce(ctx, tx, id); err != nil {
+			return err
+		}
+		if start == nil {
+			return nil
+		}
+		nr.State = NodeRoleTransition
+		return start(nr)
 	})
 	if err != nil {
 		return nil, err
@@ -632,36 +681,43 @@ func (s *Store) FinishNodeRole(ctx context.Context, id int64, ok bool, wall map[
 		if err != nil {
 			return err
 		}
-		if nr.State != NodeRoleTransition {
-			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in transition can finish", id, nr.State)}
-		}
-		if wall == nil {
-			wall = map[string]any{}
-		}
-		state := NodeRoleError
-		if ok {
-			state = NodeRoleActive
-		}
-		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
-			"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": now(),
-		}).Error; err != nil {
-			return fmt.Errorf("finish noderole %d: %w", id, err)
-		}
-		var changed []int64
-		if ok {
-			changed, err = unblockChildren(tx, id)
-		} else {
-			changed, err = blockDescendants(tx, id)
-		}
-		if err != nil {
-			return err
-		}
-		return announce(ctx, tx, append([]int64{id}, changed...)...)
+		return finishNodeRole(ctx, tx, nr, ok, wall)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return s.NodeRole(ctx, id)
+}
+
+// finishNodeRole is FinishNodeRole on a noderole locked by the caller.
+func finishNodeRole(ctx context.Context, tx *gorm.DB, nr *NodeRole, ok bool, wall map[string]any) error {
+	id := nr.ID
+	if nr.State != NodeRoleTransition {
+		return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in transition can finish", id, nr.State)}
+	}
+	if wall == nil {
+		wall = map[string]any{}
+	}
+	state := NodeRoleError
+	if ok {
+		state = NodeRoleActive
+	}
+	if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
+		"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": now(),
+	}).Error; err != nil {
+		return fmt.Errorf("finish noderole %d: %w", id, err)
+	}
+	var changed []int64
+	var err error
+	if ok {
+		changed, err = unblockChildren(tx, id)
+	} else {
+		changed, err = blockDescendants(tx, id)
+	}
+	if err != nil {
+		return err
+	}
+	return announce(ctx, tx, append([]int64{id}, changed...)...)
 }
 
 // RetryNodeRole sends an errored noderole back to todo (or blocked if one
@@ -675,10 +731,7 @@ func (s *Store) RetryNodeRole(ctx context.Context, id int64) (*NodeRole, error) 
 		if nr.State != NodeRoleError {
 			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in error can be retried", id, nr.State)}
 		}
-		if err := tx.Exec(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
-				SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
-				WHERE e.child_id = n.id AND p.state <> 'active') THEN 'blocked' ELSE 'todo' END
-			WHERE n.id = ?`, id).Error; err != nil {
+		if _, err := schedule(tx, "n.id = ?", id); err != nil {
 			return fmt.Errorf("retry noderole %d: %w", id, err)
 		}
 		return announce(ctx, tx, id)
@@ -687,6 +740,20 @@ func (s *Store) RetryNodeRole(ctx context.Context, id int64) (*NodeRole, error) 
 		return nil, err
 	}
 	return s.NodeRole(ctx, id)
+}
+
+// schedule sets the noderoles matching where (a condition on n) to todo,
+// or blocked when one of their parents is not active, and returns their
+// ids in creation order, which is dependency order: parents announce
+// first.
+func schedule(tx *gorm.DB, where string, args ...any) ([]int64, error) {
+	var ids []int64
+	err := tx.Raw(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
+			SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
+			WHERE e.child_id = n.id AND p.state <> 'active') THEN 'blocked' ELSE 'todo' END
+		WHERE `+where+` RETURNING n.id`, args...).Scan(&ids).Error
+	slices.Sort(ids)
+	return ids, err
 }
 
 func setState(tx *gorm.DB, id int64, state string, extra map[string]any) error {

@@ -121,7 +121,9 @@ func TestBindRoleSteps(t *testing.T) {
 	c.deployment(t, "prod", "")
 	c.node(t, "n1", "prod")
 	c.node(t, "n2", "prod")
-	c.node(t, "out", "")
+	c.deployment(t, "staging", "")
+	c.node(t, "out", "staging")
+	c.node(t, "spare", "")
 	snap := c.propose(t, "prod")
 
 	// Implicit parent bound on the same node, first; user data seeded from
@@ -173,7 +175,7 @@ func TestBindRoleSteps(t *testing.T) {
 	ie = requireInput(t, err, "role")
 	assert.Contains(t, ie.Reason, `"puppet"`)
 
-	// A node of another deployment, an unknown role.
+	// A node of a sibling deployment, an unknown role.
 	_, _, err = c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "out.anneal.test", Role: "db"})
 	requireInput(t, err, "node")
 	_, _, err = c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "nope"})
@@ -313,7 +315,7 @@ func TestNodeRoleStateMachine(t *testing.T) {
 	c.bind(t, snap, "n2", "cache")
 
 	// The annealer ignores a proposed snapshot.
-	next, err := c.store.NextNodeRoles(c.ctx, 0)
+	next, err := c.store.NextNodeRoles(c.ctx, 0, 0)
 	require.NoError(t, err)
 	assert.Empty(t, next)
 
@@ -402,7 +404,7 @@ func TestNextNodeRoles(t *testing.T) {
 	nrs := c.committedByKey(t, "prod")
 
 	keys := func(dep int64) []string {
-		next, err := c.store.NextNodeRoles(c.ctx, dep)
+		next, err := c.store.NextNodeRoles(c.ctx, dep, 0)
 		require.NoError(t, err)
 		var out []string
 		for _, nr := range next {

@@ -49,6 +49,13 @@ type NodeInput struct {
 // CreateNode validates and creates a node in one transaction. With
 // withCredential it also mints the agent's own token and returns it.
 func (s *Store) CreateNode(ctx context.Context, in NodeInput, withCredential bool) (*Node, string, error) {
+	return s.CreateNodeThen(ctx, in, withCredential, nil)
+}
+
+// CreateNodeThen is CreateNode with then called inside the database
+// transaction once the node row exists: the API starts the node's bootstrap
+// workflow there, so that a node never exists without it.
+func (s *Store) CreateNodeThen(ctx context.Context, in NodeInput, withCredential bool, then func(*Node) error) (*Node, string, error) {
 	if err := ValidateNodeName(in.Name, s.Domain); err != nil {
 		return nil, "", err
 	}
@@ -89,6 +96,9 @@ func (s *Store) CreateNode(ctx context.Context, in NodeInput, withCredential boo
 		if err := tx.Create(node).Error; err != nil {
 			return fmt.Errorf("create node %q: %w", in.Name, uniqueViolation(err, fmt.Sprintf("a node named %q already exists", in.Name)))
 		}
+		if then != nil {
+			return then(node)
+		}
 		return nil
 	})
 	if err != nil {
@@ -98,20 +108,23 @@ func (s *Store) CreateNode(ctx context.Context, in NodeInput, withCredential boo
 }
 
 // TouchNode records an agent heartbeat: the node is alive, with its boot id
-// and address as last reported.
-func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address string) (*Node, error) {
-	updates := map[string]any{"alive": true, "last_seen_at": now(), "boot_id": bootID, "updated_at": now()}
-	if address != "" {
-		updates["address"] = address
+// and address as last reported. Revived says it was not alive before (the
+// annealer may now give it work).
+func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address string) (node *Node, revived bool, err error) {
+	var was []bool
+	err = s.DB.WithContext(ctx).Raw(`UPDATE nodes n SET alive = true, last_seen_at = now(), boot_id = ?,
+			address = CASE WHEN ? <> '' THEN ? ELSE n.address END, updated_at = now()
+		FROM (SELECT id, alive FROM nodes WHERE id = ? FOR UPDATE) old
+		WHERE n.id = old.id
+		RETURNING old.alive`, bootID, address, address, nodeID).Scan(&was).Error
+	if err != nil {
+		return nil, false, fmt.Errorf("touch node %d: %w", nodeID, err)
 	}
-	res := s.DB.WithContext(ctx).Model(&Node{}).Where("id = ?", nodeID).Updates(updates)
-	if res.Error != nil {
-		return nil, fmt.Errorf("touch node %d: %w", nodeID, res.Error)
+	if len(was) == 0 {
+		return nil, false, notFound("node", nodeID)
 	}
-	if res.RowsAffected == 0 {
-		return nil, notFound("node", nodeID)
-	}
-	return s.Node(ctx, strconv.FormatInt(nodeID, 10))
+	node, err = s.Node(ctx, strconv.FormatInt(nodeID, 10))
+	return node, !was[0], err
 }
 
 // Node finds a node by id or name.
@@ -132,15 +145,21 @@ func (s *Store) Nodes(ctx context.Context, deploymentID int64) ([]Node, error) {
 	return nodes, nil
 }
 
-// NodeUpdate changes a node's deployment and role assignment.
+// NodeUpdate changes a node's deployment, role assignment and flags; nil
+// fields stay as they are.
 type NodeUpdate struct {
 	Deployment *string   // name or id
 	Roles      *[]string // the complete new role list
+	// Available false keeps the annealer from giving the node anything.
+	Available *bool
+	// Allocated says anneal may manage the node.
+	Allocated *bool
 }
 
-// UpdateNode moves a node and assigns roles in one transaction. Assigning a
-// role adds the role's tags and its own name to the node's tags; removing a
-// role removes the tags it brought (tags added by hand stay).
+// UpdateNode moves a node, assigns roles and sets its available and
+// allocated flags in one transaction. Assigning a role adds the role's tags
+// and its own name to the node's tags; removing a role removes the tags it
+// brought (tags added by hand stay).
 func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Node, error) {
 	var out *Node
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -183,8 +202,14 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 			node.Tags = reassignRoleTags(reassignRoleTags(node.Tags, node.Roles, nil, oldRoles), nil, *roles, newRoles)
 			node.Roles = slices.Clone(*roles)
 		}
+		if up.Available != nil {
+			node.Available = *up.Available
+		}
+		if up.Allocated != nil {
+			node.Allocated = *up.Allocated
+		}
 		node.UpdatedAt = now()
-		if err := tx.Select("deployment_id", "roles", "tags", "updated_at").Save(node).Error; err != nil {
+		if err := tx.Select("deployment_id", "roles", "tags", "available", "allocated", "updated_at").Save(node).Error; err != nil {
 			return fmt.Errorf("update node %s: %w", ref, err)
 		}
 		out = node
@@ -272,4 +297,100 @@ func lockNode(tx *gorm.DB, ref string) (*Node, *Deployment, error) {
 		return nil, nil, err
 	}
 	return node, dep, nil
+}
+
+// DeleteNode destroys a node in one transaction, as Crowbar does: its
+// on_node_delete hooks run first (on every role that has one), then the
+// node goes with its noderoles, tags, software deployments and
+// allocations; the runs of its past transactions stay, naming it, for
+// their transaction's history. A node with work under way is refused
+// (409) with what to wait for or stop: a run in progress, a noderole in
+// transition, an unfinished transaction with runs on the node, or a
+// software deployment in progress.
+func (s *Store) DeleteNode(ctx context.Context, ref string) (*Node, error) {
+	var out *Node
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// The lock keeps new work off the node until it is gone: planning
+		// a run or starting a noderole needs the node's row.
+		node, _, err := lockNode(tx, ref)
+		if err != nil {
+			return err
+		}
+		if err := nodeBusy(tx, node); err != nil {
+			return err
+		}
+		if err := RunNodeHooks(ctx, tx, OnNodeDelete, node); err != nil {
+			return err
+		}
+		if err := tx.Delete(&Node{}, node.ID).Error; err != nil {
+			return fmt.Errorf("delete node %s: %w", node.Name, err)
+		}
+		out = node
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// nodeBusy returns a ConflictError saying what to wait for or stop when
+// the node has work under way, nil when it may be deleted.
+func nodeBusy(tx *gorm.DB, node *Node) error {
+	var running []struct {
+		ID            int64
+		TransactionID *string
+		NodeRoleID    int64 `gorm:"column:noderole_id"`
+		TaskName      string
+	}
+	if err := tx.Raw(`SELECT id, transaction_id::text AS transaction_id, COALESCE(noderole_id, 0) AS noderole_id, task_name FROM task_runs
+		WHERE node_id = ? AND state = ? ORDER BY id LIMIT 1`, node.ID, RunRunning).Scan(&running).Error; err != nil {
+		return fmt.Errorf("check runs of node %s: %w", node.Name, err)
+	}
+	if len(running) > 0 {
+		r := running[0]
+		if r.TransactionID != nil {
+			return &ConflictError{Reason: fmt.Sprintf("node %s is running task %s (run %d) of transaction %s: wait for the transaction to end or stop it (POST /api/v1/transactions/%s/stop), then delete the node",
+				node.Name, r.TaskName, r.ID, *r.TransactionID, *r.TransactionID)}
+		}
+		return &ConflictError{Reason: fmt.Sprintf("node %s is running role %s (run %d of noderole %d): wait for the run to end, then delete the node",
+			node.Name, r.TaskName, r.ID, r.NodeRoleID)}
+	}
+	var transition []struct {
+		ID   int64
+		Role string
+	}
+	if err := tx.Raw(`SELECT nr.id, r.name AS role FROM noderoles nr JOIN roles r ON r.id = nr.role_id
+		WHERE nr.node_id = ? AND nr.state = ? ORDER BY nr.id LIMIT 1`, node.ID, NodeRoleTransition).Scan(&transition).Error; err != nil {
+		return fmt.Errorf("check noderoles of node %s: %w", node.Name, err)
+	}
+	if len(transition) > 0 {
+		return &ConflictError{Reason: fmt.Sprintf("node %s has noderole %d (role %s) in transition: wait for its run to end, then delete the node",
+			node.Name, transition[0].ID, transition[0].Role)}
+	}
+	// Runs still to come: the transaction's node workflow would look for
+	// the node, and its other nodes may wait on these runs.
+	var unfinished []string
+	if err := tx.Raw(`SELECT DISTINCT t.id::text FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
+		WHERE r.node_id = ? AND t.status IN ? ORDER BY 1 LIMIT 1`, node.ID, []string{TxPending, TxRunning}).Scan(&unfinished).Error; err != nil {
+		return fmt.Errorf("check transactions of node %s: %w", node.Name, err)
+	}
+	if len(unfinished) > 0 {
+		return &ConflictError{Reason: fmt.Sprintf("transaction %s has not finished and has runs on node %s: wait for it to end or stop it (POST /api/v1/transactions/%s/stop), then delete the node",
+			unfinished[0], node.Name, unfinished[0])}
+	}
+	// A deployment in progress has a workflow waiting for the node's agent.
+	var swd []struct {
+		ID         int64
+		TimeoutSec int
+	}
+	if err := tx.Raw(`SELECT id, timeout_sec FROM software_deployments WHERE node_id = ? AND status = ? ORDER BY id LIMIT 1`,
+		node.ID, SoftwareInProgress).Scan(&swd).Error; err != nil {
+		return fmt.Errorf("check software deployments of node %s: %w", node.Name, err)
+	}
+	if len(swd) > 0 {
+		return &ConflictError{Reason: fmt.Sprintf("software deployment %d is in progress on node %s: wait for it to complete or fail (it times out after %ds), then delete the node",
+			swd[0].ID, node.Name, swd[0].TimeoutSec)}
+	}
+	return nil
 }

@@ -490,10 +490,19 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: stripNUL(res.Error),
 		StdoutTail: stripNUL(res.StdoutTail), StderrTail: stripNUL(res.StderrTail), FinishedAt: &finished, UpdatedAt: now(),
 	}
+	cols := []string{"state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at"}
+	if res.Attrs != nil {
+		var back map[string]any
+		if err := json.Unmarshal(res.Attrs, &back); err != nil || back == nil {
+			return nil, Invalid("attrs", "must be a JSON object")
+		}
+		run.AttrsOut = stripNULMap(back)
+		cols = append(cols, "attrs_out")
+	}
 	db := s.DB.WithContext(ctx)
 	upd := db.Model(&run).Clauses(clause.Returning{}).
 		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, RunRunning).
-		Select("state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at").
+		Select(cols).
 		Updates(&run)
 	if upd.Error != nil {
 		return nil, fmt.Errorf("record result of run %d: %w", runID, upd.Error)
@@ -592,6 +601,32 @@ func (s *Store) RejectLateResult(ctx context.Context, runID int64, attempt int, 
 }
 
 func stripNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }
+
+// stripNULMap strips NUL bytes from the keys and strings of a JSON object,
+// which jsonb cannot hold either.
+func stripNULMap(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[stripNUL(k)] = stripNULValue(v)
+	}
+	return out
+}
+
+func stripNULValue(v any) any {
+	switch x := v.(type) {
+	case string:
+		return stripNUL(x)
+	case map[string]any:
+		return stripNULMap(x)
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = stripNULValue(e)
+		}
+		return out
+	}
+	return v
+}
 
 // RunOutputs are the outputs of one finished run.
 type RunOutputs struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -31,6 +32,9 @@ type Snapshot struct {
 	ArchivedAt   *time.Time `json:"archived_at"`
 	// NodeRoles is filled by Store.Snapshot only.
 	NodeRoles []NodeRole `json:"noderoles,omitempty" gorm:"-"`
+	// MovedNodes, filled by CommitSnapshot, names the nodes the commit
+	// moved into the deployment.
+	MovedNodes []string `json:"moved_nodes,omitempty" gorm:"-"`
 }
 
 // DeploymentRole holds a deployment's defaults for a role, seeded from the
@@ -231,6 +235,17 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 			return fmt.Errorf("commit snapshot %d: %w", id, err)
 		}
 		if old != nil {
+			// A binding copied when the snapshot was proposed, unedited since,
+			// whose original ran to active meanwhile, takes over that
+			// result instead of running again.
+			if err := tx.Exec(`UPDATE noderoles n SET state = o.state, wall = o.wall, system_data = o.system_data,
+					run_count = o.run_count, updated_at = now()
+				FROM noderoles o
+				WHERE n.snapshot_id = @new AND o.snapshot_id = @old AND o.node_id = n.node_id AND o.role_id = n.role_id
+				  AND o.state = 'active' AND n.state <> 'active' AND n.user_data = o.user_data`,
+				map[string]any{"old": old.ID, "new": id}).Error; err != nil {
+				return fmt.Errorf("carry results over to snapshot %d: %w", id, err)
+			}
 			if err := tx.Exec(`UPDATE noderole_edges e SET parent_id = np.id
 				FROM noderoles op, noderoles np, noderoles c
 				WHERE op.id = e.parent_id AND op.snapshot_id = @old
@@ -241,24 +256,58 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 				return fmt.Errorf("move edges to snapshot %d: %w", id, err)
 			}
 		}
-		var scheduled []int64
-		if err := tx.Raw(`UPDATE noderoles n SET updated_at = now(), state = CASE WHEN EXISTS (
-				SELECT 1 FROM noderole_edges e JOIN noderoles p ON p.id = e.parent_id
-				WHERE e.child_id = n.id AND p.state <> 'active') THEN 'blocked' ELSE 'todo' END
-			WHERE n.snapshot_id = ? AND n.state IN ('proposed', 'todo', 'blocked', 'transition')
-			RETURNING n.id`, id).Scan(&scheduled).Error; err != nil {
+		moved, err := moveBoundNodes(tx, snap)
+		if err != nil {
+			return err
+		}
+		scheduled, err := schedule(tx, "n.snapshot_id = ? AND n.state IN ('proposed', 'todo', 'blocked', 'transition')", id)
+		if err != nil {
 			return fmt.Errorf("schedule noderoles of snapshot %d: %w", id, err)
 		}
-		// Creation order is dependency order: parents announce first.
-		slices.Sort(scheduled)
 		if err := announce(ctx, tx, scheduled...); err != nil {
 			return err
 		}
-		snap.State, snap.CommittedAt = SnapshotCommitted, &t
+		snap.State, snap.CommittedAt, snap.MovedNodes = SnapshotCommitted, &t, moved
 		out = snap
 		return nil
 	})
 	return out, err
+}
+
+// moveBoundNodes moves the nodes bound in a snapshot being committed that
+// still belong to a parent deployment (discovered nodes in system) into
+// the snapshot's deployment, and returns their names. A bound node that
+// meanwhile went to a deployment off the chain stops the commit.
+func moveBoundNodes(tx *gorm.DB, snap *Snapshot) ([]string, error) {
+	var dep Deployment
+	if err := tx.Take(&dep, snap.DeploymentID).Error; err != nil {
+		return nil, fmt.Errorf("load deployment %d: %w", snap.DeploymentID, err)
+	}
+	chain, err := deploymentChain(tx, &dep)
+	if err != nil {
+		return nil, err
+	}
+	ancestors := []int64{0}
+	for _, d := range chain[1:] {
+		ancestors = append(ancestors, d.ID)
+	}
+	var lost []string
+	if err := tx.Raw(`SELECT name FROM nodes WHERE id IN (SELECT node_id FROM noderoles WHERE snapshot_id = ?)
+		AND deployment_id <> ? AND deployment_id NOT IN ? ORDER BY name`, snap.ID, dep.ID, ancestors).Scan(&lost).Error; err != nil {
+		return nil, fmt.Errorf("check nodes of snapshot %d: %w", snap.ID, err)
+	}
+	if len(lost) > 0 {
+		return nil, &ConflictError{Reason: fmt.Sprintf("nodes %s are bound in snapshot %d but now belong to a deployment outside %q and its parents; remove their noderoles or move them back",
+			strings.Join(lost, ", "), snap.ID, dep.Name)}
+	}
+	var moved []string
+	if err := tx.Raw(`UPDATE nodes SET deployment_id = ?, updated_at = now()
+		WHERE id IN (SELECT node_id FROM noderoles WHERE snapshot_id = ?) AND deployment_id IN ?
+		RETURNING name`, dep.ID, snap.ID, ancestors).Scan(&moved).Error; err != nil {
+		return nil, fmt.Errorf("move nodes into deployment %s: %w", dep.Name, err)
+	}
+	slices.Sort(moved)
+	return moved, nil
 }
 
 // requireProposed refuses edits to a snapshot that is not proposed.

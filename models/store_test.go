@@ -75,13 +75,13 @@ func TestCreateNode(t *testing.T) {
 	assert.Empty(t, secret)
 	assert.EqualValues(t, 1, count(t, store, &models.Node{}))
 
-	touched, err := store.TouchNode(ctx, node.ID, "b2", "")
+	touched, _, err := store.TouchNode(ctx, node.ID, "b2", "")
 	require.NoError(t, err)
 	assert.True(t, touched.Alive)
 	assert.Equal(t, "b2", touched.BootID)
 	assert.Equal(t, "10.0.0.1", touched.Address, "an empty address keeps the known one")
 	assert.NotNil(t, touched.LastSeenAt)
-	_, err = store.TouchNode(ctx, node.ID+100, "b", "")
+	_, _, err = store.TouchNode(ctx, node.ID+100, "b", "")
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	nodes, err := store.Nodes(ctx, 0)

@@ -29,9 +29,9 @@ func (s *Server) agentRegister(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, token, err := s.cfg.Store.CreateNode(c.Request().Context(), models.NodeInput{
+	node, token, err := s.cfg.Store.CreateNodeThen(c.Request().Context(), models.NodeInput{
 		Name: req.Name, Admin: req.Admin, BootID: req.BootID, Address: req.Address,
-	}, true)
+	}, true, s.startBootstrap(c.Request().Context()))
 	if err != nil {
 		return err
 	}
@@ -44,9 +44,13 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, err := s.cfg.Store.TouchNode(c.Request().Context(), principal(c).NodeID, req.BootID, req.Address)
+	node, revived, err := s.cfg.Store.TouchNode(c.Request().Context(), principal(c).NodeID, req.BootID, req.Address)
 	if err != nil {
 		return err
+	}
+	if revived {
+		s.log.Info("node is alive again", "node", node.Name)
+		s.kickAnnealer(c.Request().Context(), "node "+node.Name+" is alive")
 	}
 	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: node.ID, Name: node.Name})
 }
@@ -145,13 +149,24 @@ func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (proto
 		}
 		// The verification graph checks that each peer answers there.
 		env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
-		out.Runs = append(out.Runs, protocol.WorkItem{
+		item := protocol.WorkItem{
 			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
 			// Special tasks the agent runs were turned into shell at
 			// planning, but for reboot.
 			Task: r.TaskName, Type: agentType(r.TaskType), Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
 			Env: env,
-		})
+		}
+		if r.NodeRoleID != nil {
+			// The annealer's run of a noderole: its attributes instead of a
+			// transaction's outputs.
+			raw, err := json.Marshal(r.AttrsIn)
+			if err != nil {
+				return out, fmt.Errorf("encode attributes of run %d: %w", r.ID, err)
+			}
+			item.TransactionID, item.NodeRoleID, item.Attrs = "", *r.NodeRoleID, raw
+			env["ANNEAL_NODEROLE"] = strconv.FormatInt(*r.NodeRoleID, 10)
+		}
+		out.Runs = append(out.Runs, item)
 	}
 	return out, nil
 }

@@ -40,6 +40,17 @@ func (s *Server) getNode(c echo.Context) error {
 	return c.JSON(http.StatusOK, node)
 }
 
+// deleteNode destroys a node (its on_node_delete hooks run first) and
+// answers with it as it was; 409 says what to wait for or stop first.
+func (s *Server) deleteNode(c echo.Context) error {
+	node, err := s.cfg.Store.DeleteNode(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	s.log.Info("node deleted", "node", node.Name, "node_id", node.ID)
+	return c.JSON(http.StatusOK, node)
+}
+
 type createNodeRequest struct {
 	Name       string `json:"name"`
 	Admin      bool   `json:"admin"`
@@ -51,9 +62,9 @@ func (s *Server) createNode(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, _, err := s.cfg.Store.CreateNode(c.Request().Context(), models.NodeInput{
+	node, _, err := s.cfg.Store.CreateNodeThen(c.Request().Context(), models.NodeInput{
 		Name: req.Name, Admin: req.Admin, Deployment: req.Deployment,
-	}, false)
+	}, false, s.startBootstrap(c.Request().Context()))
 	if err != nil {
 		return err
 	}
@@ -63,6 +74,8 @@ func (s *Server) createNode(c echo.Context) error {
 type updateNodeRequest struct {
 	Deployment *string   `json:"deployment"`
 	Roles      *[]string `json:"roles"`
+	Available  *bool     `json:"available"`
+	Allocated  *bool     `json:"allocated"`
 }
 
 func (s *Server) updateNode(c echo.Context) error {
@@ -71,10 +84,14 @@ func (s *Server) updateNode(c echo.Context) error {
 		return err
 	}
 	node, err := s.cfg.Store.UpdateNode(c.Request().Context(), c.Param("id"), models.NodeUpdate{
-		Deployment: req.Deployment, Roles: req.Roles,
+		Deployment: req.Deployment, Roles: req.Roles, Available: req.Available, Allocated: req.Allocated,
 	})
 	if err != nil {
 		return err
+	}
+	if (req.Available != nil && *req.Available) || (req.Allocated != nil && *req.Allocated) {
+		// Its todo noderoles may run now.
+		s.kickAnnealer(c.Request().Context(), "node "+node.Name+" may be given work")
 	}
 	return c.JSON(http.StatusOK, node)
 }
@@ -107,7 +124,9 @@ func (s *Server) getDeployment(c echo.Context) error {
 	return c.JSON(http.StatusOK, dep)
 }
 
-// importRelease takes a release in Fuel's shape as YAML or JSON.
+// importRelease takes a release in Fuel's shape as YAML or JSON. The answer
+// is the stored release plus "warnings" (redundant role requirements), which
+// do not stop the import.
 func (s *Server) importRelease(c echo.Context) error {
 	body, err := io.ReadAll(c.Request().Body)
 	if err != nil {
@@ -117,7 +136,7 @@ func (s *Server) importRelease(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	rel, err := s.cfg.Store.ImportRelease(c.Request().Context(), *spec)
+	rel, err := s.cfg.Store.ImportReleaseWithWarnings(c.Request().Context(), *spec)
 	if err != nil {
 		return err
 	}

@@ -76,17 +76,24 @@ func (s *Server) commitSnapshot(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	if _, err := s.cfg.Store.CommitSnapshot(ctx, id); err != nil {
+	committed, err := s.cfg.Store.CommitSnapshot(ctx, id)
+	if err != nil {
 		return err
 	}
 	snap, err := s.cfg.Store.Snapshot(ctx, id)
 	if err != nil {
 		return err
 	}
+	snap.MovedNodes = committed.MovedNodes
+	annealer := s.kickAnnealer(ctx, fmt.Sprintf("snapshot %d committed", id))
+	if annealer == nil {
+		annealer = map[string]any{"woken": true}
+	}
 	return c.JSON(http.StatusOK, struct {
 		*models.Snapshot
+		Annealer      map[string]any `json:"annealer"`
 		DeployChanges map[string]any `json:"deploy_changes"`
-	}{snap, s.deployChanges(ctx, snap.DeploymentID)})
+	}{snap, annealer, s.deployChanges(ctx, snap.DeploymentID)})
 }
 
 // deployChanges starts the built-in deploy-changes scenario on a deployment
@@ -178,5 +185,6 @@ func (s *Server) retryNodeRole(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	s.kickAnnealer(c.Request().Context(), fmt.Sprintf("noderole %d retried", id))
 	return c.JSON(http.StatusOK, nr)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,14 +15,14 @@ import (
 )
 
 // snapRelease is a Crowbar-style release: base is implicit, db requires
-// it, api requires db, front requires cache (not implicit), odd runs on a
-// jig that is not active.
+// it (and its script fails), api requires db, front requires cache (not
+// implicit), odd runs on a jig that is not active.
 const snapRelease = `
 name: snaprel
 version: "1"
 roles_metadata:
   base: {flags: [implicit]}
-  db: {requires: [base], template: {port: 5432}}
+  db: {requires: [base], template: {port: 5432}, script: "echo no disk for the database >&2; exit 3"}
   api: {requires: [db]}
   cache: {}
   front: {requires: [cache]}
@@ -149,13 +150,28 @@ func TestSnapshotsAPI(t *testing.T) {
 	assert.Equal(t, nodeName("a2"), got.NodeName)
 	status, _ = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/noderoles/%d/retry", api.ID), nil, nil)
 	assert.Equal(t, http.StatusConflict, status)
-	_, err := st.Store.TransitionNodeRole(t.Context(), db.Parents[0])
-	require.NoError(t, err)
-	_, err = st.Store.FinishNodeRole(t.Context(), db.Parents[0], false, nil)
-	require.NoError(t, err)
-	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/noderoles/%d/retry", db.Parents[0]), nil, &got)
+	// The annealer runs base (nothing to run: active), then db, whose
+	// script fails on the agent: db goes to error, api stays blocked, and
+	// the noderole shows why.
+	require.Eventually(t, func() bool {
+		got = getNodeRole(t, st, db.ID)
+		return got.State == models.NodeRoleError
+	}, 60*time.Second, 200*time.Millisecond, "db never failed")
+	require.NotNil(t, got.LastRun)
+	require.NotNil(t, got.LastRun.ExitCode)
+	assert.Equal(t, 3, *got.LastRun.ExitCode)
+	assert.Contains(t, got.LastRun.StderrTail, "no disk for the database")
+	assert.Equal(t, models.NodeRoleActive, getNodeRole(t, st, db.Parents[0]).State)
+	assert.Equal(t, models.NodeRoleBlocked, getNodeRole(t, st, api.ID).State)
+	// A retry is one call: db goes back to todo (and the annealer runs it
+	// again).
+	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/noderoles/%d/retry", db.ID), nil, &got)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, models.NodeRoleTodo, got.State)
+	require.Eventually(t, func() bool {
+		got = getNodeRole(t, st, db.ID)
+		return got.State == models.NodeRoleError && got.RunCount == 2
+	}, 60*time.Second, 200*time.Millisecond, "db never ran again")
 
 	status, _ = st.Do(t, http.MethodGet, "/api/v1/snapshots/999999", nil, nil)
 	assert.Equal(t, http.StatusNotFound, status)

@@ -13,6 +13,8 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
 )
 
 // Workflow type names as they appear in the Temporal Web UI.
@@ -33,6 +35,9 @@ func Register(r worker.WorkflowRegistry) {
 	r.RegisterWorkflowWithOptions(Transaction, workflow.RegisterOptions{Name: TransactionWorkflow})
 	r.RegisterWorkflowWithOptions(NodeRun, workflow.RegisterOptions{Name: NodeWorkflow})
 	r.RegisterWorkflowWithOptions(SoftwareDeployment, workflow.RegisterOptions{Name: SoftwareDeploymentWorkflow})
+	r.RegisterWorkflowWithOptions(Annealer, workflow.RegisterOptions{Name: activities.AnnealerWorkflow})
+	r.RegisterWorkflowWithOptions(NodeRoleRun, workflow.RegisterOptions{Name: activities.NodeRoleWorkflow})
+	r.RegisterWorkflowWithOptions(NodeBootstrap, workflow.RegisterOptions{Name: activities.NodeBootstrapWorkflow})
 }
 
 // NodeWorkflowID is the workflow ID of a node's share of a transaction.

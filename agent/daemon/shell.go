@@ -41,7 +41,8 @@ var errTimedOut = errors.New("run timed out")
 // processes it left behind are not killed, but if they still hold its stdout
 // or stderr the executor stops reading after KillGrace.
 //
-// The full output goes to <WorkDir>/logs/<transaction>/<task>.<run_id>.<attempt>.log:
+// The full output goes to <WorkDir>/logs/<transaction>/<task>.<run_id>.<attempt>.log
+// (logs/noderole-<id>/... for a noderole's run):
 // a few "# " header lines (run, task, command, start), then every line the
 // command wrote, in the order the agent read it, prefixed with "out| " for
 // stdout or "err| " for stderr (a last line without a newline gets one; a
@@ -56,6 +57,13 @@ var errTimedOut = errors.New("run timed out")
 // lines (key and value trimmed of surrounding white space; blank lines and
 // lines starting with # ignored; the last of repeated keys wins). A malformed
 // outputs file fails the run.
+//
+// A noderole's run (an item with Attrs) also gets ANNEAL_ATTRS, a file
+// holding the attributes it sees as a JSON object, and ANNEAL_ATTRS_OUT, a
+// fresh empty file: a JSON object written there is deep-merged onto what
+// was sent, and that is what the run hands back (the annealer stores its
+// difference from what was sent as the noderole's wall); left empty, the
+// attributes come back unchanged.
 type ShellExecutor struct {
 	// WorkDir is where commands run and logs are written. Required.
 	WorkDir string
@@ -75,7 +83,11 @@ var _ Executor = (*ShellExecutor)(nil)
 
 // LogPath returns where the output of item is logged.
 func (e *ShellExecutor) LogPath(item protocol.WorkItem) string {
-	return filepath.Join(e.WorkDir, "logs", safeName(item.TransactionID),
+	dir := item.TransactionID
+	if item.NodeRoleID != 0 {
+		dir = fmt.Sprintf("noderole-%d", item.NodeRoleID)
+	}
+	return filepath.Join(e.WorkDir, "logs", safeName(dir),
 		fmt.Sprintf("%s.%d.%d.log", safeName(item.Task), item.RunID, item.Attempt))
 }
 
@@ -142,13 +154,20 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	of.Close()
 	defer os.Remove(outputsPath)
 
+	attrs, err := newAttrsFiles(tmpDir, item)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer attrs.remove()
+
 	shell := e.Shell
 	if shell == "" {
 		shell = "/bin/sh"
 	}
 	cmd := exec.Command(shell, "-c", item.Command)
 	cmd.Dir = e.WorkDir
-	cmd.Env = e.environ(item, outputsPath)
+	cmd.Env = append(e.environ(item, outputsPath), attrs.environ()...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = e.killGrace()
 	stdoutTail, stderrTail := newTail(protocol.MaxTailBytes), newTail(protocol.MaxTailBytes)
@@ -219,6 +238,11 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 		problems = append(problems, err.Error())
 	}
 	res.Outputs = outputs
+	if back, err := attrs.read(item.Attrs); err != nil {
+		problems = append(problems, err.Error())
+	} else {
+		res.Attrs = back
+	}
 	res.StdoutTail = stdoutTail.String()
 	res.StderrTail = stderrTail.String()
 	res.Error = strings.Join(problems, "; ")

@@ -78,6 +78,14 @@ type WorkItem struct {
 	Command       string            `json:"command"`
 	TimeoutSec    int               `json:"timeout_sec"`
 	Env           map[string]string `json:"env,omitempty"`
+	// NodeRoleID is set when the run is a noderole's (the annealer's); its
+	// TransactionID is then empty.
+	NodeRoleID int64 `json:"noderole_id,omitempty"`
+	// Attrs, for a noderole run, is the JSON object of attributes the run
+	// sees (the merge of the noderole graph); the command reads it from the
+	// file $ANNEAL_ATTRS and may hand a changed object back in
+	// $ANNEAL_ATTRS_OUT.
+	Attrs json.RawMessage `json:"attrs,omitempty"`
 }
 
 // Timeout returns the run's timeout as a duration.
@@ -96,6 +104,10 @@ type RunResult struct {
 	StdoutTail string            `json:"stdout_tail"`
 	StderrTail string            `json:"stderr_tail"`
 	Outputs    map[string]string `json:"outputs,omitempty"`
+	// Attrs is the JSON object a noderole run hands back: what the command
+	// wrote to $ANNEAL_ATTRS_OUT, or the attributes it was sent if it wrote
+	// nothing.
+	Attrs json.RawMessage `json:"attrs,omitempty"`
 	// Error explains a failure that is not an exit code: a timeout, a
 	// command that could not be started.
 	Error      string    `json:"error,omitempty"`

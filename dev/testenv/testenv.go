@@ -28,6 +28,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/roles/network"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/worker/server"
@@ -130,6 +131,8 @@ type Stack struct {
 	TaskQueue   string
 	worker      worker.Worker
 	log         *slog.Logger
+	// heartbeatTimeoutSec is handed to the worker's noderole runs.
+	heartbeatTimeoutSec int
 }
 
 // NewStack starts a stack that stops when the test ends.
@@ -141,10 +144,12 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	log := Logger(t)
 	store, dbURL := Store(t)
 	tc := TemporalClient(t)
+	// The sample roles' hooks, as the server registers them.
+	network.Register()
 	require.NoError(t, models.EnsureBuiltinScenarios(context.Background(), store, scenarios.Builtins()...))
 	require.NoError(t, models.EnsureBuiltinGraphs(context.Background(), store, scenarios.BuiltinGraphs()...))
 	queue := "anneal-test-" + uuid.NewString()[:8]
-	st := &Stack{Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue, log: log}
+	st := &Stack{Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue, log: log, heartbeatTimeoutSec: opts.HeartbeatTimeoutSec}
 	st.StartWorker(t)
 	t.Cleanup(st.StopWorker)
 	api := web.New(web.Config{
@@ -167,7 +172,7 @@ func NewStack(t testing.TB, opts Options) *Stack {
 // one; a test that stopped it can start another, as after a crash).
 func (s *Stack) StartWorker(t testing.TB) {
 	t.Helper()
-	s.worker = server.NewWorker(s.Temporal, s.Store, s.TaskQueue, s.log)
+	s.worker = server.NewWorker(s.Temporal, s.Store, s.TaskQueue, s.heartbeatTimeoutSec, s.log)
 	require.NoError(t, s.worker.Start())
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/roles/network"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/workflows"
@@ -24,7 +25,7 @@ import (
 
 // Defaults shared by the binaries and the dev environment.
 const (
-	DefaultTaskQueue = "anneal"
+	DefaultTaskQueue = activities.DefaultTaskQueue
 	DefaultDomain    = "anneal.test"
 	DefaultAPIAddr   = "127.0.0.1:8080"
 )
@@ -90,9 +91,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer tc.Close()
 
+	network.Register() // role hooks run wherever roles are bound or nodes deleted: worker and API
 	g, ctx := errgroup.WithContext(ctx)
 	if !cfg.NoWorker {
-		w := NewWorker(tc, store, cfg.TaskQueue, cfg.Log)
+		w := NewWorker(tc, store, cfg.TaskQueue, cfg.HeartbeatTimeoutSec, cfg.Log)
 		if err := w.Start(); err != nil {
 			return fmt.Errorf("start worker on task queue %s: %w", cfg.TaskQueue, err)
 		}
@@ -117,7 +119,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 // NewWorker creates (without starting) a worker with every workflow and
 // activity registered explicitly.
-func NewWorker(tc client.Client, store *models.Store, taskQueue string, logger *slog.Logger) worker.Worker {
+func NewWorker(tc client.Client, store *models.Store, taskQueue string, heartbeatTimeoutSec int, logger *slog.Logger) worker.Worker {
 	// More pollers than the SDK's default two: a transaction keeps hundreds
 	// of node workflows busy at once, and their workflow tasks also run the
 	// short local activities that read Postgres.
@@ -126,7 +128,9 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, logger *
 		MaxConcurrentActivityTaskPollers: 8,
 	})
 	workflows.Register(w)
-	w.RegisterActivity(&activities.Activities{Store: store, Log: logger})
+	w.RegisterActivity(&activities.Activities{
+		Store: store, Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
+	})
 	return w
 }
 

@@ -1,0 +1,105 @@
+package daemon
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models/attrs"
+)
+
+// MaxAttrsBytes bounds the attributes a noderole run may hand back.
+const MaxAttrsBytes = 4 << 20
+
+// attrsFiles are the two files of a noderole run: the attributes it is
+// sent and the ones it hands back. Both paths are empty for other runs.
+type attrsFiles struct {
+	in, out string
+}
+
+// newAttrsFiles writes item's attributes to a file in dir and creates the
+// empty file for the answer; it does nothing for an item without Attrs.
+func newAttrsFiles(dir string, item protocol.WorkItem) (*attrsFiles, error) {
+	if item.Attrs == nil {
+		return &attrsFiles{}, nil
+	}
+	f := &attrsFiles{}
+	in, err := os.CreateTemp(dir, fmt.Sprintf("attrs-%d-%d-*.json", item.RunID, item.Attempt))
+	if err != nil {
+		return nil, fmt.Errorf("cannot create attributes file: %v", err)
+	}
+	f.in = in.Name()
+	_, werr := in.Write(item.Attrs)
+	if err := errors.Join(werr, in.Close()); err != nil {
+		f.remove()
+		return nil, fmt.Errorf("cannot write attributes file: %v", err)
+	}
+	out, err := os.CreateTemp(dir, fmt.Sprintf("attrs-out-%d-%d-*.json", item.RunID, item.Attempt))
+	if err != nil {
+		f.remove()
+		return nil, fmt.Errorf("cannot create attributes answer file: %v", err)
+	}
+	f.out = out.Name()
+	out.Close()
+	return f, nil
+}
+
+func (f *attrsFiles) environ() []string {
+	if f.in == "" {
+		return nil
+	}
+	return []string{"ANNEAL_ATTRS=" + f.in, "ANNEAL_ATTRS_OUT=" + f.out}
+}
+
+// read returns what the command handed back: the JSON object it wrote to
+// the answer file deep-merged onto what it was sent (so a command adds or
+// changes keys without copying the rest), or sent unchanged when it wrote
+// nothing.
+func (f *attrsFiles) read(sent json.RawMessage) (json.RawMessage, error) {
+	if f.out == "" {
+		return nil, nil
+	}
+	file, err := os.Open(f.out)
+	if errors.Is(err, os.ErrNotExist) {
+		return sent, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot read $ANNEAL_ATTRS_OUT: %v", err)
+	}
+	defer file.Close()
+	data, err := io.ReadAll(io.LimitReader(file, MaxAttrsBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read $ANNEAL_ATTRS_OUT: %v", err)
+	}
+	if len(data) > MaxAttrsBytes {
+		return nil, fmt.Errorf("$ANNEAL_ATTRS_OUT is larger than %d bytes", MaxAttrsBytes)
+	}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return sent, nil
+	}
+	var written, base map[string]any
+	if err := json.Unmarshal(data, &written); err != nil || written == nil {
+		return nil, fmt.Errorf("$ANNEAL_ATTRS_OUT must hold one JSON object: %s", truncate(string(data), 60))
+	}
+	if err := json.Unmarshal(sent, &base); err != nil {
+		return nil, fmt.Errorf("attributes sent are not a JSON object: %v", err)
+	}
+	back, err := json.Marshal(attrs.DeepMerge(base, written))
+	if err != nil {
+		return nil, fmt.Errorf("encode attributes handed back: %v", err)
+	}
+	return back, nil
+}
+
+func (f *attrsFiles) remove() {
+	for _, p := range []string{f.in, f.out} {
+		if p != "" {
+			_ = os.Remove(p)
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"gorm.io/gorm"
+)
+
+// BootstrapResult says what BootstrapNode bound.
+type BootstrapResult struct {
+	Node string `json:"node"`
+	// Flag is the role flag that chose the roles: bootstrap for an admin
+	// node, discovery for the others.
+	Flag string `json:"flag"`
+	// NodeRoles are the node's default noderoles in the system deployment's
+	// committed snapshot, in the order they were bound.
+	NodeRoles []int64 `json:"noderoles"`
+	// Roles names them, in the same order.
+	Roles []string `json:"roles"`
+}
+
+// BootstrapNode gives a freshly created node its default roles, as Crowbar
+// does: the bootstrap roles for an admin node, the discovery roles (whose
+// jig is active) for the others, sorted in dependency order and bound to
+// the node in the system deployment's committed snapshot, which is then
+// recommitted (the new noderoles go todo or blocked) so that the annealer
+// takes over. on_node_create hooks run last. It is idempotent: bindings
+// that exist are kept.
+func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*BootstrapResult, error) {
+	var out *BootstrapResult
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		node, _, err := lockNode(tx, strconv.FormatInt(nodeID, 10))
+		if err != nil {
+			return err
+		}
+		system, err := findDeployment(tx, SystemDeployment)
+		if err != nil {
+			return err
+		}
+		snap, err := EnsureSnapshot(tx, system.ID)
+		if err != nil {
+			return err
+		}
+		if _, err := lockSnapshot(tx, snap.ID); err != nil {
+			return err
+		}
+		out = &BootstrapResult{Node: node.Name, Flag: FlagDiscovery, NodeRoles: []int64{}, Roles: []string{}}
+		if node.Admin {
+			out.Flag = FlagBootstrap
+		}
+		roles, err := flaggedRoles(tx, system, out.Flag)
+		if err != nil {
+			return err
+		}
+		b := &binder{ctx: ctx, tx: tx, snap: snap, chain: []Deployment{*system}, node: node}
+		for _, role := range roles {
+			if out.Flag == FlagDiscovery && !JigActive(role.Jig) {
+				continue
+			}
+			nr, _, err := b.add(&role, nil)
+			if err != nil {
+				return fmt.Errorf("bind %s role %s to node %s: %w", out.Flag, role.Name, node.Name, err)
+			}
+			out.NodeRoles = append(out.NodeRoles, nr.ID)
+			out.Roles = append(out.Roles, role.Name)
+		}
+		// The recommit: what was just bound (and any implicit parents)
+		// leaves proposed.
+		scheduled, err := schedule(tx, "n.snapshot_id = ? AND n.node_id = ? AND n.state = 'proposed'", snap.ID, node.ID)
+		if err != nil {
+			return fmt.Errorf("recommit snapshot %d for node %s: %w", snap.ID, node.Name, err)
+		}
+		if err := announce(ctx, tx, scheduled...); err != nil {
+			return err
+		}
+		// Crowbar calls on_node_create once the default noderoles are bound.
+		return RunNodeHooks(ctx, tx, OnNodeCreate, node)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// flaggedRoles returns the roles carrying flag that apply to the system
+// deployment, in dependency order (parents first, otherwise by name): those
+// of its release, or with no release there, of every release, the newest
+// release winning for a name defined in several.
+func flaggedRoles(tx *gorm.DB, system *Deployment, flag string) ([]Role, error) {
+	q := tx.Where("flags @> ?::jsonb", `["`+flag+`"]`)
+	if system.ReleaseID != nil {
+		q = q.Where("release_id = ?", *system.ReleaseID)
+	}
+	var all []Role
+	if err := q.Order("release_id DESC, name").Find(&all).Error; err != nil {
+		return nil, fmt.Errorf("load %s roles: %w", flag, err)
+	}
+	byName := map[string]Role{}
+	for _, r := range all {
+		if _, ok := byName[r.Name]; !ok {
+			byName[r.Name] = r
+		}
+	}
+	return dependencyOrder(byName), nil
+}
+
+// dependencyOrder sorts roles so that each comes after the roles of the
+// set it requires (requirements outside the set are the binder's business);
+// among roles that are ready at once, by name. Role requirements are
+// acyclic (checked at import).
+func dependencyOrder(roles map[string]Role) []Role {
+	names := make([]string, 0, len(roles))
+	for n := range roles {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	done := map[string]bool{}
+	out := make([]Role, 0, len(roles))
+	for len(out) < len(roles) {
+		progressed := false
+		for _, n := range names {
+			if done[n] {
+				continue
+			}
+			ready := !slices.ContainsFunc(roles[n].Requires, func(req string) bool {
+				_, inSet := roles[req]
+				return inSet && !done[req]
+			})
+			if ready {
+				done[n] = true
+				out = append(out, roles[n])
+				progressed = true
+				break // restart: keep name order among the ready ones
+			}
+		}
+		if !progressed {
+			break // a cycle: cannot happen after import, but never loop forever
+		}
+	}
+	return out
+}

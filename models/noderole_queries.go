@@ -1,0 +1,139 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"gorm.io/gorm"
+)
+
+// NodeRoleStates lists every state a noderole can be in, in the order of
+// its life: what a state filter may ask for.
+var NodeRoleStates = []string{NodeRoleProposed, NodeRoleTodo, NodeRoleBlocked, NodeRoleTransition, NodeRoleActive, NodeRoleError}
+
+// NodeRoleFilter narrows Store.NodeRoles; empty fields do not filter.
+type NodeRoleFilter struct {
+	// Deployment (id or name) keeps the noderoles of the deployment's
+	// committed snapshot, or of Snapshot when that is set too.
+	Deployment string
+	// Snapshot keeps the noderoles of one snapshot, whatever its state (a
+	// proposed or archived one too); with Deployment it must be one of that
+	// deployment's. Without Deployment or Snapshot the list covers the
+	// committed snapshot of every deployment: what the annealer works on.
+	Snapshot int64
+	// Node (id or name) keeps the noderoles bound to that node.
+	Node string
+	// Role keeps the noderoles of roles of that name (in any release).
+	Role string
+	// State is one of NodeRoleStates.
+	State string
+}
+
+// NodeRoles lists noderoles by id, with their node and role names and
+// their edges. A filter naming something that does not exist is bad input
+// naming the filter: the list is the resource addressed, not the
+// deployment, snapshot, node or role.
+func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, error) {
+	if f.State != "" && !slices.Contains(NodeRoleStates, f.State) {
+		return nil, &InputError{Field: "state",
+			Reason:  fmt.Sprintf("%q is not a noderole state; valid states: %s", f.State, strings.Join(NodeRoleStates, ", ")),
+			Details: map[string]any{"valid": NodeRoleStates}}
+	}
+	if f.Snapshot < 0 {
+		return nil, Invalid("snapshot", "%d is not a snapshot id", f.Snapshot)
+	}
+	out := []NodeRole{}
+	// One database transaction, so that a commit landing between finding
+	// the committed snapshot and reading its noderoles cannot split the
+	// answer across two snapshots.
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		q := tx.Model(&NodeRole{}).Order("id")
+		var dep *Deployment
+		if f.Deployment != "" {
+			var err error
+			dep, err = findDeployment(tx, f.Deployment)
+			if errors.Is(err, ErrNotFound) {
+				return Invalid("deployment", "no deployment named or numbered %q", f.Deployment)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		switch {
+		case f.Snapshot != 0:
+			var snaps []Snapshot
+			if err := tx.Where("id = ?", f.Snapshot).Limit(1).Find(&snaps).Error; err != nil {
+				return fmt.Errorf("load snapshot %d: %w", f.Snapshot, err)
+			}
+			if len(snaps) == 0 {
+				return Invalid("snapshot", "no snapshot %d", f.Snapshot)
+			}
+			if dep != nil && snaps[0].DeploymentID != dep.ID {
+				return Invalid("snapshot", "snapshot %d belongs to deployment %d, not to %q", f.Snapshot, snaps[0].DeploymentID, dep.Name)
+			}
+			q = q.Where("snapshot_id = ?", f.Snapshot)
+		case dep != nil:
+			snap, err := snapshotIn(tx, dep.ID, SnapshotCommitted)
+			if err != nil {
+				return err
+			}
+			if snap == nil {
+				// Never committed: nothing bound yet. A read does not
+				// create the first snapshot (EnsureSnapshot) for it.
+				return nil
+			}
+			q = q.Where("snapshot_id = ?", snap.ID)
+		default:
+			q = q.Where("snapshot_id IN (SELECT id FROM snapshots WHERE state = ?)", SnapshotCommitted)
+		}
+		if f.Node != "" {
+			node, err := takeRef[Node](byRef(tx.Select("id"), f.Node), "node", f.Node)
+			if errors.Is(err, ErrNotFound) {
+				return Invalid("node", "no node named or numbered %q", f.Node)
+			}
+			if err != nil {
+				return err
+			}
+			q = q.Where("node_id = ?", node.ID)
+		}
+		if f.Role != "" {
+			// A name no release defines is a typo, not an empty answer.
+			var known int64
+			if err := tx.Model(&Role{}).Where("name = ?", f.Role).Count(&known).Error; err != nil {
+				return fmt.Errorf("check role %s: %w", f.Role, err)
+			}
+			if known == 0 {
+				return Invalid("role", "no release defines a role named %q", f.Role)
+			}
+			q = q.Where("role_id IN (SELECT id FROM roles WHERE name = ?)", f.Role)
+		}
+		if f.State != "" {
+			q = q.Where("state = ?", f.State)
+		}
+		if err := q.Find(&out).Error; err != nil {
+			return fmt.Errorf("list noderoles: %w", err)
+		}
+		return decorateNodeRoles(tx, out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// lastNodeRoleRun loads a noderole's newest run (the highest run number),
+// or nil when the noderole never ran: it tells an operator what the last
+// run saw, handed back, printed and how it ended.
+func lastNodeRoleRun(tx *gorm.DB, id int64) (*TaskRun, error) {
+	var runs []TaskRun
+	if err := tx.Where("noderole_id = ?", id).Order("position DESC").Limit(1).Find(&runs).Error; err != nil {
+		return nil, fmt.Errorf("load the last run of noderole %d: %w", id, err)
+	}
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	return &runs[0], nil
+}

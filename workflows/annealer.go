@@ -1,0 +1,158 @@
+package workflows
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+)
+
+// The annealer sleeps until it is kicked; the timer is only a safety net
+// for a kick that was lost (Temporal unreachable when a commit happened),
+// not the way it learns of work.
+const annealerFallback = 5 * time.Minute
+
+// annealerRounds bounds one run's history: it continues as new after so
+// many rounds (each costs about ten events).
+const annealerRounds = 400
+
+// Annealer is Crowbar's annealer as one long-lived workflow per
+// installation: each round starts every todo noderole that may run now (its
+// jig active, its snapshot committed, its node alive and available with
+// nothing in transition), one NodeRoleRun workflow each, then sleeps until
+// a kick (a commit, a node coming back or made available, a noderole that
+// finished or was retried) wakes it. Kicks waiting when a round starts are
+// all served by it; a kick that arrives during a round starts another.
+func Annealer(ctx workflow.Context, in activities.AnnealerInput) error {
+	var a *activities.Activities
+	log := workflow.GetLogger(ctx)
+	if !in.Continued {
+		var ended []int64
+		if err := workflow.ExecuteActivity(stateActivity(ctx), a.RecoverTransitions).Get(ctx, &ended); err != nil {
+			return fmt.Errorf("check noderoles in transition: %w", err)
+		}
+		if len(ended) > 0 {
+			log.Warn("noderoles in transition had lost their run", "noderoles", ended)
+		}
+	}
+	kicks := workflow.GetSignalChannel(ctx, activities.SignalAnnealerKick)
+	for round := 0; round < annealerRounds; round++ {
+		// The kicks so far are served by this round; one that arrives
+		// while it runs may concern a change its query did not see, so it
+		// stays in the channel and wakes the next round at once.
+		drain(kicks)
+		var res activities.AnnealResult
+		if err := workflow.ExecuteActivity(stateActivity(ctx), a.Anneal).Get(ctx, &res); err != nil {
+			return fmt.Errorf("anneal: %w", err)
+		}
+		if res.More {
+			continue
+		}
+		timerCtx, cancelTimer := workflow.WithCancel(ctx)
+		sel := workflow.NewSelector(ctx)
+		sel.AddReceive(kicks, func(c workflow.ReceiveChannel, _ bool) {
+			var reason string
+			c.Receive(ctx, &reason)
+		})
+		sel.AddFuture(workflow.NewTimer(timerCtx, annealerFallback), func(workflow.Future) {})
+		sel.Select(ctx)
+		cancelTimer()
+	}
+	// Kicks not received here are not lost work: the next run starts with a
+	// round.
+	return workflow.NewContinueAsNewError(ctx, activities.AnnealerWorkflow, activities.AnnealerInput{Continued: true})
+}
+
+// drain takes every pending kick: one round serves them all.
+func drain(c workflow.ReceiveChannel) {
+	var reason string
+	for c.ReceiveAsync(&reason) {
+	}
+}
+
+// NodeRoleRunResult says how a noderole's run ended.
+type NodeRoleRunResult struct {
+	State  string `json:"state,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Skipped says why nothing ran (the noderole had left transition).
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// NodeRoleRun runs a noderole once through its jig: the attributes it sees
+// are frozen in its task run; the agent jig hands the run to the node's
+// agent (a dead agent is a heartbeat timeout), the local jig runs it in the
+// worker, and a role with nothing to run (the noop jig, or no script) hands
+// the attributes straight back. Then the noderole goes active or error and
+// the annealer is woken.
+func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRoleRunResult, error) {
+	var a *activities.Activities
+	var plan models.NodeRoleRunPlan
+	if err := workflow.ExecuteActivity(stateActivity(ctx), a.PrepareNodeRoleRun, in).Get(ctx, &plan); err != nil {
+		return nil, fmt.Errorf("prepare %s on %s: %w", in.Role, in.Node, err)
+	}
+	if plan.Skip != "" {
+		return &NodeRoleRunResult{Skipped: plan.Skip}, nil
+	}
+	end := activities.NodeRoleRunEnd{NodeRoleID: in.NodeRoleID, Run: in.Run, OK: true}
+	var err error
+	switch {
+	case !plan.HasScript || plan.Jig == "noop":
+		err = workflow.ExecuteActivity(stateActivity(ctx), a.RecordNoOp, plan.RunID).Get(ctx, nil)
+	default:
+		heartbeat := DefaultHeartbeatTimeout
+		if in.HeartbeatTimeoutSec > 0 {
+			heartbeat = time.Duration(in.HeartbeatTimeoutSec) * time.Second
+		}
+		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+			StartToCloseTimeout: time.Duration(plan.TimeoutSec)*time.Second + 2*heartbeat,
+			HeartbeatTimeout:    heartbeat,
+			Summary:             fmt.Sprintf("%s on %s", plan.Role, plan.Node),
+			// A failed run is the noderole's error, retried by the
+			// operator (POST /noderoles/:id/retry), not here.
+			RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 1},
+		})
+		jig := a.RunTaskOnNode
+		if plan.Jig == "local" {
+			jig = a.RunOnOrchestrator
+		}
+		input := activities.RunTaskInput{RunID: plan.RunID, Task: plan.Role, Node: plan.Node}
+		err = workflow.ExecuteActivity(actx, jig, input).Get(ctx, nil)
+		if err != nil {
+			end.OK = false
+			var appErr *temporal.ApplicationError
+			if errors.As(err, &appErr) && appErr.Type() == activities.ErrTypeTaskFailed {
+				end.Reason = rootMessage(err)
+			} else {
+				end.Reason = "no result from the node's agent: " + rootMessage(err)
+			}
+			err = nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("run %s on %s: %w", plan.Role, plan.Node, err)
+	}
+	var nr models.NodeRole
+	if err := workflow.ExecuteActivity(stateActivity(ctx), a.FinishNodeRoleRun, end).Get(ctx, &nr); err != nil {
+		return nil, fmt.Errorf("finish %s on %s: %w", plan.Role, plan.Node, err)
+	}
+	return &NodeRoleRunResult{State: nr.State, Reason: end.Reason}, nil
+}
+
+// NodeBootstrap gives a freshly created node its default roles (Crowbar's
+// node creation, steps 3 and 4): the bootstrap roles of an admin node or
+// the discovery roles of another, bound in dependency order in the system
+// deployment's committed snapshot, which is recommitted; the annealer then
+// brings the node up. Its result lists what was bound.
+func NodeBootstrap(ctx workflow.Context, in activities.NodeBootstrapInput) (*models.BootstrapResult, error) {
+	var a *activities.Activities
+	var res models.BootstrapResult
+	if err := workflow.ExecuteActivity(stateActivity(ctx), a.BootstrapNode, in).Get(ctx, &res); err != nil {
+		return nil, fmt.Errorf("bootstrap node %s: %w", in.Node, err)
+	}
+	return &res, nil
+}

@@ -1,0 +1,212 @@
+package workflows_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows"
+)
+
+// noderoleFake answers the activities of a noderole's run and records
+// which jig ran and how the run ended.
+type noderoleFake struct {
+	mu    sync.Mutex
+	plan  models.NodeRoleRunPlan
+	jig   error // what the jig activity returns
+	calls []string
+	ends  []activities.NodeRoleRunEnd
+}
+
+func (f *noderoleFake) record(call string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call)
+}
+
+func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnvironment {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	workflows.Register(env)
+	a := &activities.Activities{}
+	env.OnActivity(a.PrepareNodeRoleRun, mock.Anything, mock.Anything).Return(
+		func(context.Context, activities.NodeRoleRunInput) (*models.NodeRoleRunPlan, error) {
+			f.record("prepare")
+			p := f.plan
+			return &p, nil
+		}).Maybe()
+	env.OnActivity(a.RunTaskOnNode, mock.Anything, mock.Anything).Return(
+		func(context.Context, activities.RunTaskInput) (*activities.RunOutcome, error) {
+			f.record("agent")
+			return &activities.RunOutcome{}, f.jig
+		}).Maybe()
+	env.OnActivity(a.RunOnOrchestrator, mock.Anything, mock.Anything).Return(
+		func(context.Context, activities.RunTaskInput) (*activities.RunOutcome, error) {
+			f.record("local")
+			return &activities.RunOutcome{}, f.jig
+		}).Maybe()
+	env.OnActivity(a.RecordNoOp, mock.Anything, mock.Anything).Return(
+		func(context.Context, int64) error {
+			f.record("noop")
+			return nil
+		}).Maybe()
+	env.OnActivity(a.FinishNodeRoleRun, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, end activities.NodeRoleRunEnd) (*models.NodeRole, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.ends = append(f.ends, end)
+			state := models.NodeRoleActive
+			if !end.OK {
+				state = models.NodeRoleError
+			}
+			return &models.NodeRole{ID: end.NodeRoleID, State: state}, nil
+		}).Maybe()
+	return env
+}
+
+func TestNodeRoleRunJigs(t *testing.T) {
+	plan := models.NodeRoleRunPlan{NodeRoleID: 4, Run: 2, RunID: 40, Node: "n1", Role: "db", Jig: "agent", HasScript: true, TimeoutSec: 60}
+	failed := temporal.NewApplicationError("task db failed on n1 with exit code 3", activities.ErrTypeTaskFailed, nil)
+	lost := errors.New("activity heartbeat timeout")
+	cases := []struct {
+		name      string
+		jig       string
+		hasScript bool
+		skip      string
+		jigErr    error
+		calls     []string
+		ok        bool
+		reason    string
+	}{
+		{"agent succeeds", "agent", true, "", nil, []string{"prepare", "agent"}, true, ""},
+		{"agent reports a failure", "agent", true, "", failed, []string{"prepare", "agent"}, false, "exit code 3"},
+		{"agent lost", "agent", true, "", lost, []string{"prepare", "agent"}, false, "no result from the node's agent"},
+		{"local jig", "local", true, "", nil, []string{"prepare", "local"}, true, ""},
+		{"noop jig", "noop", true, "", nil, []string{"prepare", "noop"}, true, ""},
+		{"nothing to run", "agent", false, "", nil, []string{"prepare", "noop"}, true, ""},
+		{"not awaited any more", "agent", true, "noderole 4 is active", nil, []string{"prepare"}, false, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := plan
+			p.Jig, p.HasScript, p.Skip = c.jig, c.hasScript, c.skip
+			f := &noderoleFake{plan: p, jig: c.jigErr}
+			env := newNodeRoleEnv(t, f)
+			env.ExecuteWorkflow(activities.NodeRoleWorkflow, activities.NodeRoleRunInput{NodeRoleID: 4, Run: 2, Node: "n1", Role: "db"})
+			require.True(t, env.IsWorkflowCompleted())
+			require.NoError(t, env.GetWorkflowError())
+			var res workflows.NodeRoleRunResult
+			require.NoError(t, env.GetWorkflowResult(&res))
+			assert.Equal(t, c.calls, f.calls)
+			if c.skip != "" {
+				assert.Empty(t, f.ends, "nothing finished")
+				assert.Equal(t, c.skip, res.Skipped)
+				return
+			}
+			require.Len(t, f.ends, 1)
+			end := f.ends[0]
+			assert.Equal(t, int64(4), end.NodeRoleID)
+			assert.Equal(t, 2, end.Run)
+			assert.Equal(t, c.ok, end.OK)
+			if c.reason == "" {
+				assert.Empty(t, end.Reason)
+			} else {
+				assert.Contains(t, end.Reason, c.reason)
+			}
+		})
+	}
+}
+
+// annealerFake counts the annealer's activities.
+type annealerFake struct {
+	mu       sync.Mutex
+	recovers int
+	anneals  int
+	// full is how many first rounds come back with a full batch.
+	full int
+}
+
+func TestAnnealerRoundsAndKicks(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	workflows.Register(env)
+	f := &annealerFake{full: 2}
+	a := &activities.Activities{}
+	env.OnActivity(a.RecoverTransitions, mock.Anything).Return(func(context.Context) ([]int64, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.recovers++
+		return []int64{9}, nil
+	})
+	env.OnActivity(a.Anneal, mock.Anything).Return(func(context.Context) (*activities.AnnealResult, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.anneals++
+		return &activities.AnnealResult{More: f.anneals <= f.full}, nil
+	})
+	count := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.anneals
+	}
+	var afterStart, afterKicks, afterFallback int
+	env.RegisterDelayedCallback(func() {
+		afterStart = count()
+		// Three kicks at once.
+		for range 3 {
+			env.SignalWorkflow(activities.SignalAnnealerKick, "snapshot committed")
+		}
+	}, time.Minute)
+	env.RegisterDelayedCallback(func() { afterKicks = count() }, 2*time.Minute)
+	env.RegisterDelayedCallback(func() { afterFallback = count() }, 7*time.Minute)
+
+	env.ExecuteWorkflow(activities.AnnealerWorkflow, activities.AnnealerInput{})
+	require.True(t, env.IsWorkflowCompleted())
+	var cont *workflow.ContinueAsNewError
+	require.ErrorAs(t, env.GetWorkflowError(), &cont, "a long run continues as new")
+	assert.Equal(t, 1, f.recovers, "transitions checked once, at the first start")
+	assert.Equal(t, 3, afterStart, "two full batches, then one more round, then asleep")
+	// The first kick wakes a round that takes the kicks already waiting; one
+	// delivered while that round runs earns one more, never one each.
+	assert.GreaterOrEqual(t, afterKicks, 4, "kicks wake the annealer")
+	assert.LessOrEqual(t, afterKicks, 5, "three kicks at once do not cost three rounds")
+	assert.Equal(t, afterKicks+1, afterFallback, "the fallback timer runs a round when no kick comes")
+}
+
+func TestAnnealerContinuedSkipsRecovery(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	workflows.Register(env)
+	a := &activities.Activities{}
+	env.OnActivity(a.Anneal, mock.Anything).Return(&activities.AnnealResult{}, nil)
+	env.ExecuteWorkflow(activities.AnnealerWorkflow, activities.AnnealerInput{Continued: true})
+	require.True(t, env.IsWorkflowCompleted())
+	env.AssertNotCalled(t, "RecoverTransitions", mock.Anything)
+}
+
+func TestNodeBootstrap(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	workflows.Register(env)
+	a := &activities.Activities{}
+	want := &models.BootstrapResult{Node: "n1", Flag: models.FlagDiscovery, NodeRoles: []int64{1, 2}, Roles: []string{"os", "dns"}}
+	env.OnActivity(a.BootstrapNode, mock.Anything, activities.NodeBootstrapInput{NodeID: 3, Node: "n1"}).Return(want, nil).Once()
+	env.ExecuteWorkflow(activities.NodeBootstrapWorkflow, activities.NodeBootstrapInput{NodeID: 3, Node: "n1"})
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var got models.BootstrapResult
+	require.NoError(t, env.GetWorkflowResult(&got))
+	assert.Equal(t, *want, got)
+	env.AssertExpectations(t)
+}
