@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/scenarios"
@@ -190,6 +191,11 @@ func TestAnnealerGrowsTheSampleDeployment(t *testing.T) {
 		assert.NotEmpty(t, dig(app.LastRun.AttrsIn, "network", "admin", "address"), "%s saw its address", k)
 		assert.Equal(t, 1, app.RunCount)
 	}
+	recordHistories(t, st, map[string]string{
+		"noderole-run":   activities.NodeRoleWorkflowID(st.TaskQueue, db.ID, 1),
+		"node-bootstrap": activities.NodeBootstrapWorkflowID(st.TaskQueue, nodeName("n1")),
+		"annealer":       activities.AnnealerWorkflowID(st.TaskQueue),
+	})
 	// The old snapshot is archived, one linear history.
 	var hist []models.Snapshot
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/sample/snapshots", nil, &hist)

@@ -18,7 +18,7 @@ import (
 // workflow code: a change that would break running workflows fails here.
 // Such a change needs workflow.GetVersion once anneal runs anywhere; before
 // that, re-record with
-// `ANNEAL_RECORD_HISTORIES=1 go run ./dev test ./web/... -run ThreeNodes`.
+// `ANNEAL_RECORD_HISTORIES=1 go run ./dev test ./web/... -run 'ThreeNodes|AnnealerGrows'`.
 func TestReplayRecordedHistories(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.history.json")
 	require.NoError(t, err)
