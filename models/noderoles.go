@@ -34,6 +34,10 @@ const (
 	FlagLibrary   = "library"
 )
 
+// RoleFlags are the flags a role may carry. library is accepted and, as in
+// Crowbar, means nothing yet.
+var RoleFlags = []string{FlagDiscovery, FlagBootstrap, FlagImplicit, FlagLibrary}
+
 // NodeRole binds a role to a node in a snapshot.
 type NodeRole struct {
 	ID         int64          `json:"id"`

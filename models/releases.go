@@ -99,6 +99,11 @@ func (s *Store) ImportReleaseWithWarnings(ctx context.Context, spec ReleaseSpec)
 				return nil, Invalid(fmt.Sprintf("roles_metadata.%s.requires[%d]", name, i), "unknown role %q", req)
 			}
 		}
+		for i, flag := range spec.RolesMetadata[name].Flags {
+			if !slices.Contains(RoleFlags, flag) {
+				return nil, Invalid(fmt.Sprintf("roles_metadata.%s.flags[%d]", name, i), "unknown flag %q (known: %s)", flag, strings.Join(RoleFlags, ", "))
+			}
+		}
 		requires[name] = spec.RolesMetadata[name].Requires
 	}
 	if cycle := roleCycle(spec.RolesMetadata, roleNames); cycle != nil {

@@ -155,6 +155,14 @@ func TestImportReleaseRefusesUnknownRequirement(t *testing.T) {
 	_, err = store.ImportRelease(ctx, models.ReleaseSpec{Version: "1"})
 	requireInput(t, err, "name")
 
+	spec = releaseSpec(t)
+	compute = spec.RolesMetadata["compute"]
+	compute.Flags = []string{"implicit", "discovry"}
+	spec.RolesMetadata["compute"] = compute
+	_, err = store.ImportRelease(ctx, spec)
+	ie := requireInput(t, err, "roles_metadata.compute.flags[1]")
+	assert.Contains(t, ie.Reason, `"discovry"`)
+
 	assert.Zero(t, count(t, store, &models.Release{}))
 	assert.Zero(t, count(t, store, &models.Role{}))
 	assert.Zero(t, count(t, store, &models.Graph{}))
