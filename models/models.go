@@ -206,13 +206,14 @@ type RunSpec struct {
 	Retries    int    `json:"retries"`
 }
 
-// TaskRun is one (graph, node, task) of a transaction.
+// TaskRun is one (graph, node, task) of a transaction, or one run of a
+// noderole.
 type TaskRun struct {
 	ID            int64             `json:"id"`
-	TransactionID uuid.UUID         `json:"transaction_id"`
+	TransactionID uuid.UUID         `json:"transaction_id,omitzero"` // zero on a noderole run
 	GraphIndex    int               `json:"graph_index"`
 	GraphType     string            `json:"graph_type"`
-	NodeID        int64             `json:"node_id"`
+	NodeID        int64             `json:"node_id,omitzero"` // zero once the node was deleted
 	NodeName      string            `json:"node_name"`
 	TaskName      string            `json:"task_name"`
 	TaskType      string            `json:"task_type"`

@@ -137,3 +137,27 @@ func lastNodeRoleRun(tx *gorm.DB, id int64) (*TaskRun, error) {
 	}
 	return &runs[0], nil
 }
+
+// NodeRoleCounts counts the noderoles of a deployment's committed snapshot
+// by state, every state present (0 when none), so that an operator sees
+// how far the annealer has come.
+func (s *Store) NodeRoleCounts(ctx context.Context, deploymentID int64) (map[string]int, error) {
+	var rows []struct {
+		State string
+		N     int
+	}
+	err := s.DB.WithContext(ctx).Raw(`SELECT nr.state, count(*) AS n FROM noderoles nr
+		JOIN snapshots s ON s.id = nr.snapshot_id AND s.state = ? AND s.deployment_id = ?
+		GROUP BY nr.state`, SnapshotCommitted, deploymentID).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("count noderoles of deployment %d: %w", deploymentID, err)
+	}
+	out := make(map[string]int, len(NodeRoleStates))
+	for _, st := range NodeRoleStates {
+		out[st] = 0
+	}
+	for _, r := range rows {
+		out[r.State] = r.N
+	}
+	return out, nil
+}

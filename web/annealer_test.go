@@ -191,6 +191,13 @@ func TestAnnealerGrowsTheSampleDeployment(t *testing.T) {
 		assert.NotEmpty(t, dig(app.LastRun.AttrsIn, "network", "admin", "address"), "%s saw its address", k)
 		assert.Equal(t, 1, app.RunCount)
 	}
+	var depStatus struct {
+		NodeRoles map[string]int `json:"noderoles"`
+	}
+	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/sample", nil, &depStatus)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	assert.Equal(t, map[string]int{"proposed": 0, "todo": 0, "blocked": 0, "transition": 0, "active": 10, "error": 0},
+		depStatus.NodeRoles, "the deployment shows the annealer's progress")
 	recordHistories(t, st, map[string]string{
 		"noderole-run":   activities.NodeRoleWorkflowID(st.TaskQueue, db.ID, 1),
 		"node-bootstrap": activities.NodeBootstrapWorkflowID(st.TaskQueue, nodeName("n1")),

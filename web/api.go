@@ -121,7 +121,16 @@ func (s *Server) getDeployment(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, dep)
+	counts, err := s.cfg.Store.NodeRoleCounts(c.Request().Context(), dep.ID)
+	if err != nil {
+		return err
+	}
+	// The noderoles of its committed snapshot by state: the annealer's
+	// progress at a glance.
+	return c.JSON(http.StatusOK, struct {
+		*models.Deployment
+		NodeRoles map[string]int `json:"noderoles"`
+	}{dep, counts})
 }
 
 // importRelease takes a release in Fuel's shape as YAML or JSON. The answer
