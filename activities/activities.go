@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/google/uuid"
 	"go.temporal.io/sdk/activity"
@@ -122,7 +123,7 @@ type RunTaskInput struct {
 // alive, so a dead agent turns into a heartbeat timeout.
 func (a *Activities) RunTaskOnNode(ctx context.Context, in RunTaskInput) (*RunOutcome, error) {
 	info := activity.GetInfo(ctx)
-	run, err := a.Store.DispatchRun(ctx, in.RunID, info.TaskToken)
+	run, err := a.dispatchWhenFree(ctx, in, info.TaskToken)
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +142,33 @@ func (a *Activities) RunTaskOnNode(ctx context.Context, in RunTaskInput) (*RunOu
 	default:
 		return nil, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("run %d (%s on %s) is %s and cannot be dispatched", in.RunID, in.Task, in.Node, run.State), "NotDispatchable", nil)
+	}
+}
+
+// nodeBusyPoll is how often a run waiting for its node looks again.
+const nodeBusyPoll = time.Second
+
+// dispatchWhenFree dispatches a run, waiting while its node runs something
+// else (another transaction's task, a noderole): a node runs one thing at a
+// time. The activity heartbeats while it waits, saying why.
+func (a *Activities) dispatchWhenFree(ctx context.Context, in RunTaskInput, token []byte) (*models.TaskRun, error) {
+	logged := false
+	for {
+		run, err := a.Store.DispatchRun(ctx, in.RunID, token)
+		var busy *models.NodeBusyError
+		if !errors.As(err, &busy) {
+			return run, err
+		}
+		if !logged {
+			a.Log.Info("run waits for its node", "node", in.Node, "task", in.Task, "run", in.RunID, "reason", busy.Reason)
+			logged = true
+		}
+		activity.RecordHeartbeat(ctx, busy.Error())
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(nodeBusyPoll):
+		}
 	}
 }
 

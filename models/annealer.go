@@ -112,10 +112,16 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 		wall := nr.Wall
 		if len(runs) == 1 {
 			r := runs[0]
-			if !ok && !RunFinal(r.State) {
+			// The run row ends with the noderole (the agent's report has
+			// usually ended it already): it must not hold the node.
+			if !RunFinal(r.State) {
+				state := RunSucceeded
+				if !ok {
+					state = RunFailed
+				}
 				if err := tx.Model(&TaskRun{}).Where("id = ?", r.ID).Updates(map[string]any{
-					"state": RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error; err != nil {
-					return fmt.Errorf("fail run %d: %w", r.ID, err)
+					"state": state, "error": reason, "finished_at": now(), "updated_at": now()}).Error; err != nil {
+					return fmt.Errorf("end run %d: %w", r.ID, err)
 				}
 			}
 			if ok {

@@ -575,8 +575,8 @@ func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[strin
 // in transition — at most one per node, the first in dependency order
 // (creation order: a noderole is always created after its parents).
 //
-// A node that is running a transaction's task is busy too: the annealer
-// looks at it again when that transaction ends. At most limit noderoles
+// A node on which an unfinished transaction still has runs to do is busy
+// too: the annealer looks at it again when that transaction ends. At most limit noderoles
 // are returned (0: no limit), oldest first.
 func (s *Store) NextNodeRoles(ctx context.Context, deploymentID int64, limit int) ([]NodeRole, error) {
 	if limit <= 0 {
@@ -590,7 +590,8 @@ func (s *Store) NextNodeRoles(ctx context.Context, deploymentID int64, limit int
 			JOIN roles r ON r.id = nr.role_id AND r.jig IN ?
 			WHERE nr.state = 'todo' AND (? = 0 OR s.deployment_id = ?)
 			  AND NOT EXISTS (SELECT 1 FROM noderoles t WHERE t.node_id = nr.node_id AND t.state = 'transition')
-			  AND NOT EXISTS (SELECT 1 FROM task_runs b WHERE b.node_id = nr.node_id AND b.state = 'running')
+			  AND NOT EXISTS (SELECT 1 FROM task_runs b JOIN transactions x ON x.id = b.transaction_id
+			                  WHERE b.node_id = nr.node_id AND b.state IN ('pending', 'running') AND x.status IN ('pending', 'running'))
 			ORDER BY nr.node_id, nr.id) x
 		ORDER BY id LIMIT ?`, activeJigList(), deploymentID, deploymentID, limit)
 	var out []NodeRole
@@ -656,6 +657,20 @@ func (s *Store) StartNodeRole(ctx context.Context, id int64, start func(nr *Node
 		}
 		if len(busy) > 0 {
 			return &ConflictError{Reason: fmt.Sprintf("node %s already has noderole %d in transition", nr.NodeName, busy[0])}
+		}
+		// A node runs one thing at a time, and a transaction that still has
+		// work on the node goes first; its end wakes the annealer.
+		for _, check := range []func() (string, error){
+			func() (string, error) { return nodeRunning(tx, nr.NodeID, 0, id) },
+			func() (string, error) { return transactionWants(tx, nr.NodeID) },
+		} {
+			reason, err := check()
+			if err != nil {
+				return err
+			}
+			if reason != "" {
+				return &ConflictError{Reason: fmt.Sprintf("node %s is busy: %s", nr.NodeName, reason)}
+			}
 		}
 		if err := setState(tx, id, NodeRoleTransition, nil); err != nil {
 			return err

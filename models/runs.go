@@ -406,30 +406,67 @@ func (s *Store) RunStates(ctx context.Context, ids []int64) (map[int64]string, e
 // wake (pg_notify, in the same statement). A run that already ended in a
 // state other than failed is returned unchanged and not dispatched, so a
 // retried activity never runs a succeeded run twice.
+//
+// A node runs one thing at a time: while it runs another task or a
+// noderole is in transition on it, the answer is a *NodeBusyError and the
+// caller tries again later. The node's row lock makes the check and the
+// dispatch one step.
 func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*TaskRun, error) {
-	var runs []TaskRun
-	err := s.DB.WithContext(ctx).Raw(`
+	var out *TaskRun
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var owner []struct {
+			NodeID     int64
+			NodeName   string
+			NodeRoleID *int64 `gorm:"column:noderole_id"`
+			State      string
+		}
+		if err := tx.Raw(`SELECT t.node_id, t.node_name, t.noderole_id, t.state FROM task_runs t
+			JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF n`, runID).Scan(&owner).Error; err != nil {
+			return fmt.Errorf("lock the node of run %d: %w", runID, err)
+		}
+		dispatchable := []string{RunPending, RunRunning, RunFailed}
+		if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
+			var nr int64
+			if owner[0].NodeRoleID != nil {
+				nr = *owner[0].NodeRoleID
+			}
+			busy, err := nodeRunning(tx, owner[0].NodeID, runID, nr)
+			if err != nil {
+				return err
+			}
+			if busy != "" {
+				return &NodeBusyError{Node: owner[0].NodeName, Reason: busy}
+			}
+		}
+		var runs []TaskRun
+		if err := tx.Raw(`
 UPDATE task_runs
 SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, started_at = now(),
     finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
 WHERE id = ? AND state IN ?
 RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, node_id::text) IS NULL AS notified`,
-		RunRunning, token, runID, []string{RunPending, RunRunning, RunFailed}, WorkChannel).Scan(&runs).Error
+			RunRunning, token, runID, dispatchable, WorkChannel).Scan(&runs).Error; err != nil {
+			return fmt.Errorf("dispatch run %d: %w", runID, err)
+		}
+		if len(runs) == 1 {
+			out = &runs[0]
+			return nil
+		}
+		var run TaskRun
+		err := tx.Take(&run, runID).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return notFound("run", runID)
+		}
+		if err != nil {
+			return fmt.Errorf("load run %d: %w", runID, err)
+		}
+		out = &run
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
+		return nil, err
 	}
-	if len(runs) == 1 {
-		return &runs[0], nil
-	}
-	var run TaskRun
-	err = s.DB.WithContext(ctx).Take(&run, runID).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("run", runID)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load run %d: %w", runID, err)
-	}
-	return &run, nil
+	return out, nil
 }
 
 // ClaimWork hands the runs dispatched to a node to its agent, each once per

@@ -109,7 +109,7 @@ func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRol
 			heartbeat = time.Duration(in.HeartbeatTimeoutSec) * time.Second
 		}
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-			StartToCloseTimeout: time.Duration(plan.TimeoutSec)*time.Second + 2*heartbeat,
+			StartToCloseTimeout: time.Duration(plan.TimeoutSec)*time.Second + 2*heartbeat + nodeBusyAllowance,
 			HeartbeatTimeout:    heartbeat,
 			Summary:             fmt.Sprintf("%s on %s", plan.Role, plan.Node),
 			// A failed run is the noderole's error, retried by the

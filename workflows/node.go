@@ -277,7 +277,7 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		// The agent enforces the task's timeout; this one catches an agent
 		// that keeps heartbeating but never reports.
-		StartToCloseTimeout: time.Duration(r.TimeoutSec)*time.Second + 2*heartbeat,
+		StartToCloseTimeout: time.Duration(r.TimeoutSec)*time.Second + 2*heartbeat + nodeBusyAllowance,
 		HeartbeatTimeout:    heartbeat,
 		WaitForCancellation: true,
 		Summary:             fmt.Sprintf("%s on %s", r.Task, n.in.NodeName),

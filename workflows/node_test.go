@@ -65,7 +65,8 @@ func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 	}, f.runs)
 	s.Equal(1, f.maxRuns, "runs of one node must not overlap")
 	s.Equal(5*time.Second, hb, "heartbeat timeout comes from the input")
-	s.Equal(30*time.Second+2*5*time.Second, stc, "start-to-close is the task timeout plus two heartbeats")
+	s.Equal(30*time.Second+2*5*time.Second+15*time.Minute, stc,
+		"start-to-close is the task timeout plus two heartbeats plus the wait for a busy node")
 	s.Equal(workflows.NodeResult{Succeeded: 7}, s.result(env))
 }
 

@@ -30,6 +30,11 @@ const SignalRunsFinished = "runs-finished"
 // its agent before it counts as lost.
 const DefaultHeartbeatTimeout = 60 * time.Second
 
+// nodeBusyAllowance is added to a run's time limit for waiting while its
+// node finishes something else (a noderole, another transaction's task):
+// a node runs one thing at a time.
+const nodeBusyAllowance = 15 * time.Minute
+
 // Register registers the workflows on a worker under their readable names.
 func Register(r worker.WorkflowRegistry) {
 	r.RegisterWorkflowWithOptions(Transaction, workflow.RegisterOptions{Name: TransactionWorkflow})
