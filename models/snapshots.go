@@ -318,3 +318,21 @@ func requireProposed(snap *Snapshot) error {
 	}
 	return nil
 }
+
+// ProposedSnapshot returns the deployment's proposed snapshot, or a 409
+// saying to propose one when it has none.
+func (s *Store) ProposedSnapshot(ctx context.Context, deploymentRef string) (*Snapshot, error) {
+	db := s.DB.WithContext(ctx)
+	dep, err := findDeployment(db, deploymentRef)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := snapshotIn(db, dep.ID, SnapshotProposed)
+	if err != nil {
+		return nil, err
+	}
+	if snap == nil {
+		return nil, &ConflictError{Reason: fmt.Sprintf("deployment %q has no proposed snapshot; propose one first (POST /api/v1/deployments/%s/snapshots/propose)", dep.Name, dep.Name)}
+	}
+	return snap, nil
+}

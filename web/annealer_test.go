@@ -73,7 +73,7 @@ func states(nrs map[string]models.NodeRole) map[string]string {
 }
 
 // bindAll proposes a snapshot of the deployment, binds each role@node,
-// commits and returns the committed snapshot's answer.
+// commits it by the deployment's name and returns the commit's answer.
 func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...string) models.Snapshot {
 	t.Helper()
 	var snap models.Snapshot
@@ -85,10 +85,15 @@ func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...str
 			map[string]any{"node": nodeName(node), "role": role}, nil)
 		require.Equal(t, http.StatusCreated, status, "bind %s: %s", b, body)
 	}
+	// Committed by the deployment's name (the same as POST /snapshots/:id/commit).
 	var committed models.Snapshot
-	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/commit", snap.ID), nil, &committed)
+	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/commit", nil, &committed)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Equal(t, models.SnapshotCommitted, committed.State)
+	require.Equal(t, snap.ID, committed.ID)
+	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/commit", nil, nil)
+	require.Equal(t, http.StatusConflict, status, "nothing proposed any more: %s", body)
+	assert.Contains(t, string(body), "propose one first")
 	return committed
 }
 

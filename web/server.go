@@ -63,6 +63,7 @@ func New(cfg Config) *Server {
 	e.GET("/healthz", s.health)
 	api := e.Group("/api/v1")
 	api.GET("/health", s.health)
+	api.GET("/openapi.json", s.openAPIHandler())
 
 	agents := api.Group("/agent")
 	agents.POST("/register", s.agentRegister, s.require(models.ScopeEnroll, models.ScopeAdmin))

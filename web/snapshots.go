@@ -18,6 +18,7 @@ import (
 func (s *Server) snapshotRoutes(admin *echo.Group) {
 	admin.GET("/deployments/:id/snapshots", s.listSnapshots)
 	admin.POST("/deployments/:id/snapshots/propose", s.proposeSnapshot)
+	admin.POST("/deployments/:id/snapshots/commit", s.commitProposed)
 	admin.GET("/snapshots/:id", s.getSnapshot)
 	admin.POST("/snapshots/:id/commit", s.commitSnapshot)
 	admin.POST("/snapshots/:id/noderoles", s.bindRole)
@@ -70,11 +71,26 @@ func (s *Server) getSnapshot(c echo.Context) error {
 	return c.JSON(http.StatusOK, snap)
 }
 
+// commitProposed commits the deployment's proposed snapshot, whatever its
+// id: propose, bind, commit, all by the deployment's name.
+func (s *Server) commitProposed(c echo.Context) error {
+	snap, err := s.cfg.Store.ProposedSnapshot(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		return err
+	}
+	return s.commit(c, snap.ID)
+}
+
 func (s *Server) commitSnapshot(c echo.Context) error {
 	id, err := numericID(c, "snapshot")
 	if err != nil {
 		return err
 	}
+	return s.commit(c, id)
+}
+
+// commit commits a snapshot, wakes the annealer and starts deploy-changes.
+func (s *Server) commit(c echo.Context, id int64) error {
 	ctx := c.Request().Context()
 	committed, err := s.cfg.Store.CommitSnapshot(ctx, id)
 	if err != nil {
