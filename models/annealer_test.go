@@ -312,3 +312,20 @@ func mustSnapshot(t *testing.T, c *crowbar, id int64) *models.Snapshot {
 	require.NoError(t, err)
 	return snap
 }
+
+func TestBootstrapAlsoBindsInAProposalOfSystem(t *testing.T) {
+	c := newAnnealed(t)
+	c.bootstrapped(t, "n1", false)
+	prop := c.propose(t, models.SystemDeployment)
+	c.bootstrapped(t, "n2", false)
+	inProp := map[string]string{}
+	for _, nr := range mustSnapshot(t, c, prop.ID).NodeRoles {
+		inProp[nr.RoleName+"@"+nr.NodeName] = nr.State
+	}
+	assert.Equal(t, models.NodeRoleProposed, inProp["os@n2.anneal.test"], "the proposal got the new node's roles")
+	assert.Equal(t, models.NodeRoleProposed, inProp["dns@n2.anneal.test"])
+	c.commit(t, prop)
+	sys := c.committedByKey(t, models.SystemDeployment)
+	assert.Equal(t, models.NodeRoleTodo, sys["os@n2"].State, "committing the proposal kept them")
+	assert.Equal(t, models.NodeRoleBlocked, sys["dns@n2"].State)
+}

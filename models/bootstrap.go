@@ -27,8 +27,9 @@ type BootstrapResult struct {
 // jig is active) for the others, sorted in dependency order and bound to
 // the node in the system deployment's committed snapshot, which is then
 // recommitted (the new noderoles go todo or blocked) so that the annealer
-// takes over. on_node_create hooks run last. It is idempotent: bindings
-// that exist are kept.
+// takes over; a proposed snapshot of system gets the same bindings, so that
+// committing it keeps them. on_node_create hooks run last. It is
+// idempotent: bindings that exist are kept.
 func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*BootstrapResult, error) {
 	var out *BootstrapResult
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -69,6 +70,21 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*BootstrapResu
 		}
 		// The recommit: what was just bound (and any implicit parents)
 		// leaves proposed.
+		// A proposal of system under way would archive these bindings when
+		// committed: it gets them too, still proposed.
+		prop, err := snapshotIn(tx, system.ID, SnapshotProposed)
+		if err != nil {
+			return err
+		}
+		if prop != nil {
+			pb := &binder{ctx: ctx, tx: tx, snap: prop, chain: []Deployment{*system}, node: node}
+			for _, name := range out.Roles {
+				role := roles[slices.IndexFunc(roles, func(r Role) bool { return r.Name == name })]
+				if _, _, err := pb.add(&role, nil); err != nil {
+					return fmt.Errorf("bind %s role %s to node %s in proposed snapshot %d: %w", out.Flag, role.Name, node.Name, prop.ID, err)
+				}
+			}
+		}
 		scheduled, err := schedule(tx, "n.snapshot_id = ? AND n.node_id = ? AND n.state = 'proposed'", snap.ID, node.ID)
 		if err != nil {
 			return fmt.Errorf("recommit snapshot %d for node %s: %w", snap.ID, node.Name, err)
