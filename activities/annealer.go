@@ -52,12 +52,9 @@ func NodeRoleWorkflowID(taskQueue string, noderoleID int64, run int) string {
 	return scopedID(taskQueue, fmt.Sprintf("noderole-%d/run-%d", noderoleID, run))
 }
 
-// AnnealerInput starts (or continues) the annealer workflow.
-type AnnealerInput struct {
-	// Continued is set when the workflow continued as new: the noderoles
-	// in transition were already checked at its first start.
-	Continued bool `json:"continued,omitempty"`
-}
+// AnnealerInput starts (or continues) the annealer workflow; it carries
+// nothing yet, and is a struct so that fields can be added compatibly.
+type AnnealerInput struct{}
 
 // NodeRoleRunInput starts one run of a noderole.
 type NodeRoleRunInput struct {
@@ -100,6 +97,7 @@ func (a *Activities) Anneal(ctx context.Context) (*AnnealResult, error) {
 		return nil, err
 	}
 	res := &AnnealResult{More: len(next) == AnnealBatch}
+	var failed error
 	for _, nr := range next {
 		_, err := a.Store.StartNodeRole(ctx, nr.ID, func(n *models.NodeRole) error {
 			return a.startNodeRoleRun(ctx, n)
@@ -110,24 +108,39 @@ func (a *Activities) Anneal(ctx context.Context) (*AnnealResult, error) {
 			a.Log.Info("noderole not started", "noderole", nr.ID, "node", nr.NodeName, "role", nr.RoleName, "reason", conflict.Reason)
 			continue
 		case err != nil:
-			return nil, fmt.Errorf("start noderole %d (%s on %s): %w", nr.ID, nr.RoleName, nr.NodeName, err)
+			// One noderole that cannot start (a failing on_transition hook,
+			// Temporal refusing the start) must not hold up the others.
+			a.Log.Warn("noderole could not start", "noderole", nr.ID, "node", nr.NodeName, "role", nr.RoleName, "error", err)
+			if failed == nil {
+				failed = fmt.Errorf("start noderole %d (%s on %s): %w", nr.ID, nr.RoleName, nr.NodeName, err)
+			}
+			continue
 		}
 		a.Log.Info("noderole started", "noderole", nr.ID, "node", nr.NodeName, "role", nr.RoleName, "run", nr.RunCount+1)
 		res.Started = append(res.Started, nr.ID)
+	}
+	if failed != nil && len(res.Started) == 0 {
+		// Nothing started: the activity fails and is retried, so the error
+		// shows on the annealer in the Web UI until it clears.
+		return nil, failed
 	}
 	return res, nil
 }
 
 // startNodeRoleRun starts the workflow of the noderole's next run. An
-// earlier workflow with the same ID that ended (a start whose database
-// transaction then failed) does not stand in the way.
+// earlier workflow with the same ID (a start whose database transaction
+// then failed) does not stand in the way, ended or not.
 func (a *Activities) startNodeRoleRun(ctx context.Context, nr *models.NodeRole) error {
 	run := nr.RunCount + 1
 	_, err := a.Temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
 		ID:                    NodeRoleWorkflowID(a.TaskQueue, nr.ID, run),
 		TaskQueue:             a.TaskQueue,
 		WorkflowIDReusePolicy: enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
-		StaticSummary:         fmt.Sprintf("%s on %s (run %d)", nr.RoleName, nr.NodeName, run),
+		// One still running under this ID was started by an attempt whose
+		// database transaction rolled back: it is stale (it would find the
+		// noderole todo and skip), so it gives way.
+		WorkflowIDConflictPolicy: enums.WORKFLOW_ID_CONFLICT_POLICY_TERMINATE_EXISTING,
+		StaticSummary:            fmt.Sprintf("%s on %s (run %d)", nr.RoleName, nr.NodeName, run),
 	}, NodeRoleWorkflow, NodeRoleRunInput{
 		NodeRoleID: nr.ID, Run: run, Node: nr.NodeName, Role: nr.RoleName, HeartbeatTimeoutSec: a.HeartbeatTimeoutSec,
 	})
@@ -140,7 +153,7 @@ func (a *Activities) startNodeRoleRun(ctx context.Context, nr *models.NodeRole) 
 // RecoverTransitions ends, as errors, the noderoles in transition whose run
 // workflow is gone (terminated by an operator, or lost with its history):
 // otherwise they would hold their node forever. The annealer runs it when
-// it starts afresh.
+// it starts and when it has been idle for its fallback period.
 func (a *Activities) RecoverTransitions(ctx context.Context) ([]int64, error) {
 	nrs, err := a.Store.NodeRolesInTransition(ctx)
 	if err != nil {
@@ -205,9 +218,12 @@ func (a *Activities) FinishNodeRoleRun(ctx context.Context, end NodeRoleRunEnd) 
 // its default roles.
 const NodeBootstrapWorkflow = "NodeBootstrap"
 
-// NodeBootstrapWorkflowID is the ID of a node's bootstrap workflow.
-func NodeBootstrapWorkflowID(taskQueue, node string) string {
-	return scopedID(taskQueue, "bootstrap/"+node)
+// NodeBootstrapWorkflowID is the ID of a node's bootstrap workflow. The
+// node's id is part of it: a registration whose transaction rolled back
+// leaves a workflow for an id that never existed, which must not stand in
+// for the node registered next under the same name.
+func NodeBootstrapWorkflowID(taskQueue, node string, nodeID int64) string {
+	return scopedID(taskQueue, fmt.Sprintf("bootstrap/%s/%d", node, nodeID))
 }
 
 // NodeBootstrapInput names the node to bootstrap.

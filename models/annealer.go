@@ -132,8 +132,10 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 				wall = attrs.Diff(r.AttrsIn, back)
 			}
 		}
+		// Shared lock: a commit archiving the snapshot finishes first (and
+		// we take the archived path) or waits for us.
 		var snap Snapshot
-		if err := tx.Take(&snap, nr.SnapshotID).Error; err != nil {
+		if err := tx.Clauses(clause.Locking{Strength: "SHARE"}).Take(&snap, nr.SnapshotID).Error; err != nil {
 			return fmt.Errorf("load snapshot %d: %w", nr.SnapshotID, err)
 		}
 		if snap.State != SnapshotCommitted {

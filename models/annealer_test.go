@@ -2,6 +2,8 @@ package models_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -328,4 +330,28 @@ func TestBootstrapAlsoBindsInAProposalOfSystem(t *testing.T) {
 	sys := c.committedByKey(t, models.SystemDeployment)
 	assert.Equal(t, models.NodeRoleTodo, sys["os@n2"].State, "committing the proposal kept them")
 	assert.Equal(t, models.NodeRoleBlocked, sys["dns@n2"].State)
+}
+
+// TestBootstrapRacingACommitOfSystem: a node bootstrapped while a proposal
+// of system is being committed ends up with its default roles in the
+// committed snapshot, and neither side deadlocks.
+func TestBootstrapRacingACommitOfSystem(t *testing.T) {
+	c := newAnnealed(t)
+	for i := range 8 {
+		name := fmt.Sprintf("race%d", i)
+		node, _, err := c.store.CreateNode(c.ctx, models.NodeInput{Name: name + ".anneal.test"}, true)
+		require.NoError(t, err)
+		prop := c.propose(t, models.SystemDeployment)
+		var wg sync.WaitGroup
+		var bootErr, commitErr error
+		wg.Add(2)
+		go func() { defer wg.Done(); _, bootErr = c.store.BootstrapNode(c.ctx, node.ID) }()
+		go func() { defer wg.Done(); _, commitErr = c.store.CommitSnapshot(c.ctx, prop.ID) }()
+		wg.Wait()
+		require.NoError(t, bootErr, "round %d", i)
+		require.NoError(t, commitErr, "round %d", i)
+		sys := c.committedByKey(t, models.SystemDeployment)
+		require.Contains(t, sys, "os@"+name, "round %d: the default roles are in the committed snapshot", i)
+		require.Contains(t, sys, "dns@"+name, "round %d", i)
+	}
 }

@@ -41,6 +41,11 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*BootstrapResu
 		if err != nil {
 			return err
 		}
+		// As a commit of system does: deployment, then its snapshots, so
+		// that the committed snapshot read here is still the committed one.
+		if err := lockDeployment(tx, system.ID); err != nil {
+			return err
+		}
 		snap, err := EnsureSnapshot(tx, system.ID)
 		if err != nil {
 			return err

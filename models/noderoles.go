@@ -610,8 +610,10 @@ func lockForTransition(tx *gorm.DB, id int64) (*NodeRole, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Shared lock: a commit archiving the snapshot waits for us, or we see
+	// it archived.
 	var snap Snapshot
-	if err := tx.Take(&snap, nr.SnapshotID).Error; err != nil {
+	if err := tx.Clauses(clause.Locking{Strength: "SHARE"}).Take(&snap, nr.SnapshotID).Error; err != nil {
 		return nil, fmt.Errorf("load snapshot %d: %w", nr.SnapshotID, err)
 	}
 	if snap.State != SnapshotCommitted {
@@ -639,9 +641,16 @@ func (s *Store) StartNodeRole(ctx context.Context, id int64, start func(nr *Node
 		if len(nodeID) == 0 {
 			return notFound("noderole", id)
 		}
-		// The node's row serializes transitions on one node.
-		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id").Take(&Node{}, nodeID[0]).Error; err != nil {
+		// The node's row serializes transitions on one node; under its lock
+		// the node must still be one the annealer may give work.
+		var node Node
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id", "name", "alive", "available", "allocated").
+			Take(&node, nodeID[0]).Error; err != nil {
 			return fmt.Errorf("lock node %d: %w", nodeID[0], err)
+		}
+		if !node.Alive || !node.Available || !node.Allocated {
+			return &ConflictError{Reason: fmt.Sprintf("node %s is not alive, available and allocated (alive %t, available %t, allocated %t)",
+				node.Name, node.Alive, node.Available, node.Allocated)}
 		}
 		nr, err := lockForTransition(tx, id)
 		if err != nil {

@@ -173,9 +173,12 @@ func (s *Store) ImportReleaseWithWarnings(ctx context.Context, spec ReleaseSpec)
 
 // checkRemovedRoles refuses, with a ConflictError, a re-import of rel that
 // drops roles still bound to nodes: deleting a role cascades to its
-// noderoles, which would silently unbind it everywhere. The removed roles
-// are locked first, so a concurrent BindRole either commits before the
-// check (and is seen) or waits and then fails on the deleted role.
+// noderoles, which would silently unbind it everywhere. Only proposed and
+// committed snapshots count: archived ones are history, and their
+// bindings of the dropped role go with it (otherwise a role once bound
+// could never be dropped). The removed roles are locked first, so a
+// concurrent BindRole either commits before the check (and is seen) or
+// waits and then fails on the deleted role.
 func checkRemovedRoles(tx *gorm.DB, rel *Release, spec ReleaseSpec) error {
 	var existing []Role
 	if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
@@ -194,6 +197,7 @@ func checkRemovedRoles(tx *gorm.DB, rel *Release, spec ReleaseSpec) error {
 	var bound []struct{ Role, Node string }
 	err := tx.Raw(`SELECT DISTINCT r.name AS role, n.name AS node
 		FROM noderoles nr JOIN roles r ON r.id = nr.role_id JOIN nodes n ON n.id = nr.node_id
+		JOIN snapshots s ON s.id = nr.snapshot_id AND s.state IN ('proposed', 'committed')
 		WHERE nr.role_id IN ? ORDER BY r.name, n.name`, removed).Scan(&bound).Error
 	if err != nil {
 		return fmt.Errorf("import release %s@%s: find bindings of removed roles: %w", rel.Name, rel.Version, err)

@@ -61,6 +61,15 @@ func lockSnapshot(tx *gorm.DB, id int64) (*Snapshot, error) {
 	return &snap, nil
 }
 
+// lockDeployment locks a deployment's row for the transaction: changes of
+// its snapshot history take it first.
+func lockDeployment(tx *gorm.DB, id int64) error {
+	if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id").Take(&Deployment{}, id).Error; err != nil {
+		return fmt.Errorf("lock deployment %d: %w", id, err)
+	}
+	return nil
+}
+
 // snapshotIn returns the deployment's snapshot in state, or nil.
 func snapshotIn(tx *gorm.DB, deploymentID int64, state string) (*Snapshot, error) {
 	var snaps []Snapshot
@@ -161,12 +170,13 @@ func (s *Store) ProposeSnapshot(ctx context.Context, deploymentRef string) (*Sna
 		if err != nil {
 			return err
 		}
-		committed, err := EnsureSnapshot(tx, dep.ID)
-		if err != nil {
+		// The deployment's row serializes its snapshot history: a commit or
+		// a node bootstrap racing with us waits.
+		if err := lockDeployment(tx, dep.ID); err != nil {
 			return err
 		}
-		// Lock the committed snapshot: a commit racing with us waits.
-		if _, err := lockSnapshot(tx, committed.ID); err != nil {
+		committed, err := EnsureSnapshot(tx, dep.ID)
+		if err != nil {
 			return err
 		}
 		if prop, err := snapshotIn(tx, dep.ID, SnapshotProposed); err != nil {
@@ -209,6 +219,18 @@ func (s *Store) ProposeSnapshot(ctx context.Context, deploymentRef string) (*Sna
 func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error) {
 	var out *Snapshot
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var depID []int64
+		if err := tx.Model(&Snapshot{}).Where("id = ?", id).Pluck("deployment_id", &depID).Error; err != nil {
+			return fmt.Errorf("load snapshot %d: %w", id, err)
+		}
+		if len(depID) == 0 {
+			return notFound("snapshot", id)
+		}
+		// Deployment first, then snapshots: the order every change of a
+		// deployment's history takes (propose, node bootstrap).
+		if err := lockDeployment(tx, depID[0]); err != nil {
+			return err
+		}
 		snap, err := lockSnapshot(tx, id)
 		if err != nil {
 			return err

@@ -31,7 +31,7 @@ func (s *Server) kickAnnealer(ctx context.Context, reason string) map[string]any
 // not created when Temporal cannot be reached.
 func (s *Server) startBootstrap(ctx context.Context) func(*models.Node) error {
 	return func(node *models.Node) error {
-		id := activities.NodeBootstrapWorkflowID(s.cfg.TaskQueue, node.Name)
+		id := activities.NodeBootstrapWorkflowID(s.cfg.TaskQueue, node.Name, node.ID)
 		_, err := s.cfg.Temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
 			ID: id, TaskQueue: s.cfg.TaskQueue,
 			// A node deleted and created again under its name starts anew.

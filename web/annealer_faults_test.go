@@ -53,6 +53,14 @@ func importRelease(t *testing.T, st *testenv.Stack, yaml, deployment, release st
 	}
 }
 
+// bootstrapID is the ID of a node's NodeBootstrap workflow.
+func bootstrapID(t *testing.T, st *testenv.Stack, short string) string {
+	t.Helper()
+	node, err := st.Store.Node(t.Context(), nodeName(short))
+	require.NoError(t, err)
+	return activities.NodeBootstrapWorkflowID(st.TaskQueue, node.Name, node.ID)
+}
+
 // bootstrapped waits for a node's NodeBootstrap workflow and returns what
 // it bound.
 func bootstrapped(t *testing.T, st *testenv.Stack, short string) models.BootstrapResult {
@@ -60,7 +68,7 @@ func bootstrapped(t *testing.T, st *testenv.Stack, short string) models.Bootstra
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	var res models.BootstrapResult
-	id := activities.NodeBootstrapWorkflowID(st.TaskQueue, nodeName(short))
+	id := bootstrapID(t, st, short)
 	require.NoError(t, st.Temporal.GetWorkflow(ctx, id, "").Get(ctx, &res), "bootstrap of %s", short)
 	return res
 }
@@ -322,7 +330,7 @@ func TestAdminNodeBootstrap(t *testing.T) {
 	require.Equal(t, models.FlagDiscovery, n1Res.Flag)
 	require.Equal(t, []string{"discovered"}, n1Res.Roles, "the discovery role on an inactive jig is left out")
 	for _, short := range []string{"admin", "n1"} {
-		desc, err := st.Temporal.DescribeWorkflowExecution(t.Context(), activities.NodeBootstrapWorkflowID(st.TaskQueue, nodeName(short)), "")
+		desc, err := st.Temporal.DescribeWorkflowExecution(t.Context(), bootstrapID(t, st, short), "")
 		require.NoError(t, err)
 		assert.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, desc.GetWorkflowExecutionInfo().GetStatus(), short)
 		assert.Equal(t, activities.NodeBootstrapWorkflow, desc.GetWorkflowExecutionInfo().GetType().GetName())

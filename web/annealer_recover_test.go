@@ -63,3 +63,19 @@ func TestAnnealerRecoversATerminatedRun(t *testing.T) {
 	assert.Contains(t, got.LastRun.Error, "Terminated")
 	assert.Contains(t, got.LastRun.Error, "retry")
 }
+
+// TestNULIsBadInput: Postgres cannot store a NUL character in text or
+// jsonb; such a value is the client's mistake, answered 422, not 500.
+func TestNULIsBadInput(t *testing.T) {
+	t.Parallel()
+	st := testenv.NewStack(t, testenv.Options{})
+	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken, testenv.YAML(slowRelease), nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "nul", "release": "slow"}, nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	status, body = st.Do(t, http.MethodPut, "/api/v1/deployments/nul/roles/slow", map[string]any{"data": map[string]any{"k": "a\x00b"}}, nil)
+	require.Equal(t, http.StatusUnprocessableEntity, status, "%s", body)
+	assert.Contains(t, string(body), "NUL")
+	status, _ = st.Do(t, http.MethodGet, "/api/v1/deployments/nul/roles/slow", nil, nil)
+	assert.Equal(t, http.StatusNotFound, status, "nothing was written")
+}

@@ -205,7 +205,7 @@ func TestAnnealerGrowsTheSampleDeployment(t *testing.T) {
 		depStatus.NodeRoles, "the deployment shows the annealer's progress")
 	recordHistories(t, st, map[string]string{
 		"noderole-run":   activities.NodeRoleWorkflowID(st.TaskQueue, db.ID, 1),
-		"node-bootstrap": activities.NodeBootstrapWorkflowID(st.TaskQueue, nodeName("n1")),
+		"node-bootstrap": bootstrapID(t, st, "n1"),
 		"annealer":       activities.AnnealerWorkflowID(st.TaskQueue),
 	})
 	// The old snapshot is archived, one linear history.

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 	"go.temporal.io/sdk/client"
@@ -255,6 +256,10 @@ func (s *Server) handleError(err error, c echo.Context) {
 		status, body = http.StatusNotFound, protocol.ErrorDetail{Code: "not_found", Message: err.Error()}
 	case errors.Is(err, models.ErrForbidden):
 		status, body = http.StatusForbidden, protocol.ErrorDetail{Code: "forbidden", Message: err.Error()}
+	case isNULRefused(err):
+		status, body = http.StatusUnprocessableEntity, protocol.ErrorDetail{Code: "invalid_input",
+			Message: "text and JSON values cannot contain NUL (\\u0000) characters; nothing was written",
+			Details: map[string]any{"field": "body", "reason": "contains a NUL character"}}
 	case errors.As(err, &ee):
 		status = ee.Code
 		body = protocol.ErrorDetail{Code: strings.ReplaceAll(strings.ToLower(http.StatusText(ee.Code)), " ", "_"), Message: fmt.Sprint(ee.Message)}
@@ -264,6 +269,14 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if err := c.JSON(status, protocol.ErrorBody{Error: body}); err != nil {
 		s.log.Error("write error response", "error", err)
 	}
+}
+
+// isNULRefused reports whether Postgres refused a value for holding a NUL
+// character (text and jsonb cannot store one): bad input, not a fault. The
+// statement failed, so its transaction wrote nothing.
+func isNULRefused(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (pg.Code == "22P05" || pg.Code == "22021")
 }
 
 // bindStrict decodes a JSON body, refusing unknown fields and naming the

@@ -31,17 +31,22 @@ const annealerRounds = 400
 func Annealer(ctx workflow.Context, in activities.AnnealerInput) error {
 	var a *activities.Activities
 	log := workflow.GetLogger(ctx)
-	if !in.Continued {
-		var ended []int64
-		if err := workflow.ExecuteActivity(stateActivity(ctx), a.RecoverTransitions).Get(ctx, &ended); err != nil {
-			return fmt.Errorf("check noderoles in transition: %w", err)
-		}
-		if len(ended) > 0 {
-			log.Warn("noderoles in transition had lost their run", "noderoles", ended)
-		}
-	}
 	kicks := workflow.GetSignalChannel(ctx, activities.SignalAnnealerKick)
+	// Noderoles in transition whose run is gone (terminated by an
+	// operator) are looked for at each start and whenever the fallback
+	// timer fires: quiet times, and rare enough to cost nothing.
+	recoverNow := true
 	for round := 0; round < annealerRounds; round++ {
+		if recoverNow {
+			var ended []int64
+			if err := workflow.ExecuteActivity(stateActivity(ctx), a.RecoverTransitions).Get(ctx, &ended); err != nil {
+				return fmt.Errorf("check noderoles in transition: %w", err)
+			}
+			if len(ended) > 0 {
+				log.Warn("noderoles in transition had lost their run", "noderoles", ended)
+			}
+			recoverNow = false
+		}
 		// The kicks so far are served by this round; one that arrives
 		// while it runs may concern a change its query did not see, so it
 		// stays in the channel and wakes the next round at once.
@@ -59,13 +64,13 @@ func Annealer(ctx workflow.Context, in activities.AnnealerInput) error {
 			var reason string
 			c.Receive(ctx, &reason)
 		})
-		sel.AddFuture(workflow.NewTimer(timerCtx, annealerFallback), func(workflow.Future) {})
+		sel.AddFuture(workflow.NewTimer(timerCtx, annealerFallback), func(workflow.Future) { recoverNow = true })
 		sel.Select(ctx)
 		cancelTimer()
 	}
 	// Kicks not received here are not lost work: the next run starts with a
 	// round.
-	return workflow.NewContinueAsNewError(ctx, activities.AnnealerWorkflow, activities.AnnealerInput{Continued: true})
+	return workflow.NewContinueAsNewError(ctx, activities.AnnealerWorkflow, activities.AnnealerInput{})
 }
 
 // drain takes every pending kick: one round serves them all.

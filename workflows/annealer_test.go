@@ -160,39 +160,36 @@ func TestAnnealerRoundsAndKicks(t *testing.T) {
 		defer f.mu.Unlock()
 		return f.anneals
 	}
+	recovers := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.recovers
+	}
 	var afterStart, afterKicks, afterFallback int
+	var recoversAtStart, recoversAfterKicks, recoversAfterFallback int
 	env.RegisterDelayedCallback(func() {
-		afterStart = count()
+		afterStart, recoversAtStart = count(), recovers()
 		// Three kicks at once.
 		for range 3 {
 			env.SignalWorkflow(activities.SignalAnnealerKick, "snapshot committed")
 		}
 	}, time.Minute)
-	env.RegisterDelayedCallback(func() { afterKicks = count() }, 2*time.Minute)
-	env.RegisterDelayedCallback(func() { afterFallback = count() }, 7*time.Minute)
+	env.RegisterDelayedCallback(func() { afterKicks, recoversAfterKicks = count(), recovers() }, 2*time.Minute)
+	env.RegisterDelayedCallback(func() { afterFallback, recoversAfterFallback = count(), recovers() }, 7*time.Minute)
 
 	env.ExecuteWorkflow(activities.AnnealerWorkflow, activities.AnnealerInput{})
 	require.True(t, env.IsWorkflowCompleted())
 	var cont *workflow.ContinueAsNewError
 	require.ErrorAs(t, env.GetWorkflowError(), &cont, "a long run continues as new")
-	assert.Equal(t, 1, f.recovers, "transitions checked once, at the first start")
+	assert.Equal(t, 1, recoversAtStart, "transitions checked at the start")
+	assert.Equal(t, 1, recoversAfterKicks, "not at every kick")
+	assert.Equal(t, 2, recoversAfterFallback, "and again when the fallback timer fired")
 	assert.Equal(t, 3, afterStart, "two full batches, then one more round, then asleep")
 	// The first kick wakes a round that takes the kicks already waiting; one
 	// delivered while that round runs earns one more, never one each.
 	assert.GreaterOrEqual(t, afterKicks, 4, "kicks wake the annealer")
 	assert.LessOrEqual(t, afterKicks, 5, "three kicks at once do not cost three rounds")
 	assert.Equal(t, afterKicks+1, afterFallback, "the fallback timer runs a round when no kick comes")
-}
-
-func TestAnnealerContinuedSkipsRecovery(t *testing.T) {
-	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
-	workflows.Register(env)
-	a := &activities.Activities{}
-	env.OnActivity(a.Anneal, mock.Anything).Return(&activities.AnnealResult{}, nil)
-	env.ExecuteWorkflow(activities.AnnealerWorkflow, activities.AnnealerInput{Continued: true})
-	require.True(t, env.IsWorkflowCompleted())
-	env.AssertNotCalled(t, "RecoverTransitions", mock.Anything)
 }
 
 func TestNodeBootstrap(t *testing.T) {
