@@ -110,6 +110,17 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 			return fmt.Errorf("load run %d of noderole %d: %w", run, id, err)
 		}
 		wall := nr.Wall
+		if len(runs) == 0 && !ok {
+			// The run ended before it had a task run (its workflow was
+			// terminated early): one records why, for the operator.
+			if err := tx.Exec(`INSERT INTO task_runs (noderole_id, graph_index, graph_type, node_id, node_name, task_name,
+					position, state, error, finished_at)
+				VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?, now())
+				ON CONFLICT (noderole_id, position) WHERE noderole_id IS NOT NULL DO NOTHING`,
+				id, NodeRoleRunGraph, nr.NodeID, nr.NodeName, nr.RoleName, run, RunFailed, reason).Error; err != nil {
+				return fmt.Errorf("record the failed run %d of noderole %d: %w", run, id, err)
+			}
+		}
 		if len(runs) == 1 {
 			r := runs[0]
 			// The run row ends with the noderole (the agent's report has

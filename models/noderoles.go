@@ -624,8 +624,11 @@ func lockForTransition(tx *gorm.DB, id int64) (*NodeRole, error) {
 
 // TransitionNodeRole moves a todo noderole to transition: the annealer is
 // about to run it. Its node must have nothing else in transition.
+//
+// It is the manual step (tools, tests); the annealer uses StartNodeRole,
+// which also requires the node to be alive, available and allocated.
 func (s *Store) TransitionNodeRole(ctx context.Context, id int64) (*NodeRole, error) {
-	return s.StartNodeRole(ctx, id, nil)
+	return s.startNodeRole(ctx, id, false, nil)
 }
 
 // StartNodeRole is TransitionNodeRole with start called inside the database
@@ -633,6 +636,10 @@ func (s *Store) TransitionNodeRole(ctx context.Context, id int64) (*NodeRole, er
 // hooks ran): the annealer starts the run's workflow there, so that either
 // both happen or neither does.
 func (s *Store) StartNodeRole(ctx context.Context, id int64, start func(nr *NodeRole) error) (*NodeRole, error) {
+	return s.startNodeRole(ctx, id, true, start)
+}
+
+func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, start func(nr *NodeRole) error) (*NodeRole, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var nodeID []int64
 		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Pluck("node_id", &nodeID).Error; err != nil {
@@ -648,7 +655,7 @@ func (s *Store) StartNodeRole(ctx context.Context, id int64, start func(nr *Node
 			Take(&node, nodeID[0]).Error; err != nil {
 			return fmt.Errorf("lock node %d: %w", nodeID[0], err)
 		}
-		if !node.Alive || !node.Available || !node.Allocated {
+		if annealer && (!node.Alive || !node.Available || !node.Allocated) {
 			return &ConflictError{Reason: fmt.Sprintf("node %s is not alive, available and allocated (alive %t, available %t, allocated %t)",
 				node.Name, node.Alive, node.Available, node.Allocated)}
 		}

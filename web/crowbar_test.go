@@ -47,10 +47,11 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "crowd", "release": "crowrel"}, nil)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
-	// Nodes made in the store, without agents: they are not alive, so the
-	// annealer leaves their noderoles alone and the test moves them itself.
+	// Nodes made in the store, without agents, alive as the transition
+	// rules want; nothing here commits through the API, so the annealer is
+	// never woken and the test moves the noderoles itself.
 	for _, short := range []string{"c1", "c2"} {
-		_, _, err := st.Store.CreateNode(ctx, models.NodeInput{Name: nodeName(short), Deployment: "crowd"}, false)
+		_, _, err := st.Store.CreateNode(ctx, models.NodeInput{Name: nodeName(short), Deployment: "crowd"}, true)
 		require.NoError(t, err)
 	}
 
