@@ -152,12 +152,24 @@ const nodeBusyPoll = time.Second
 // else (another transaction's task, a noderole): a node runs one thing at a
 // time. The activity heartbeats while it waits, saying why.
 func (a *Activities) dispatchWhenFree(ctx context.Context, in RunTaskInput, token []byte) (*models.TaskRun, error) {
+	var run *models.TaskRun
+	err := a.whenNodeFree(ctx, in, func() error {
+		var err error
+		run, err = a.Store.DispatchRun(ctx, in.RunID, token)
+		return err
+	})
+	return run, err
+}
+
+// whenNodeFree calls try until it does not answer that the node is busy,
+// heartbeating why it waits.
+func (a *Activities) whenNodeFree(ctx context.Context, in RunTaskInput, try func() error) error {
 	logged := false
 	for {
-		run, err := a.Store.DispatchRun(ctx, in.RunID, token)
+		err := try()
 		var busy *models.NodeBusyError
 		if !errors.As(err, &busy) {
-			return run, err
+			return err
 		}
 		if !logged {
 			a.Log.Info("run waits for its node", "node", in.Node, "task", in.Task, "run", in.RunID, "reason", busy.Reason)
@@ -166,7 +178,7 @@ func (a *Activities) dispatchWhenFree(ctx context.Context, in RunTaskInput, toke
 		activity.RecordHeartbeat(ctx, busy.Error())
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(nodeBusyPoll):
 		}
 	}

@@ -24,7 +24,13 @@ import (
 // move_to_bootstrap returns the node to discovery. The result is recorded
 // like an agent's.
 func (a *Activities) RunOnOrchestrator(ctx context.Context, in RunTaskInput) (*RunOutcome, error) {
-	run, node, err := a.Store.StartLocalRun(ctx, in.RunID)
+	var run *models.TaskRun
+	var node *models.Node
+	err := a.whenNodeFree(ctx, in, func() error {
+		var err error
+		run, node, err = a.Store.StartLocalRun(ctx, in.RunID)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

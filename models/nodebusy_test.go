@@ -69,9 +69,13 @@ func TestNodeRunsOneThingAtATime(t *testing.T) {
 	require.NoError(t, err, "the node is free once the noderole ended")
 	assert.Equal(t, models.RunRunning, run.State)
 
-	// A third transaction waits for the second's running task on cmp.
+	// A third transaction waits for the second's running task on cmp,
+	// also when the worker would run it (master_shell, the local jig).
 	third, _ := f.plan(t)
-	_, err = f.store.DispatchRun(f.ctx, f.runsByLabel(t, third)["setup@"+cmpName].ID, []byte("t"))
+	thirdSetup := f.runsByLabel(t, third)["setup@"+cmpName].ID
+	_, err = f.store.DispatchRun(f.ctx, thirdSetup, []byte("t"))
 	require.ErrorAs(t, err, &busy)
 	assert.Contains(t, busy.Reason, "(setup) is running")
+	_, _, err = f.store.StartLocalRun(f.ctx, thirdSetup)
+	require.ErrorAs(t, err, &busy)
 }

@@ -156,7 +156,8 @@ func (n Node) MarshalJSON() ([]byte, error) {
 
 // StartLocalRun marks a run executed by the orchestrator running (a new
 // attempt, claimed at once so no agent takes it) and returns it with its
-// node. A run that already succeeded is returned unchanged.
+// node. A run that already succeeded is returned unchanged; while the node
+// runs something else the answer is a *NodeBusyError.
 func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node, error) {
 	var run TaskRun
 	var node Node
@@ -167,11 +168,23 @@ func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node
 			}
 			return fmt.Errorf("load run %d: %w", runID, err)
 		}
-		if err := tx.Take(&node, run.NodeID).Error; err != nil {
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&node, run.NodeID).Error; err != nil {
 			return fmt.Errorf("load node of run %d: %w", runID, err)
 		}
 		if run.State == RunSucceeded {
 			return nil
+		}
+		// One thing at a time on a node, even when the worker runs it.
+		var nr int64
+		if run.NodeRoleID != nil {
+			nr = *run.NodeRoleID
+		}
+		busy, err := nodeRunning(tx, node.ID, run.ID, nr)
+		if err != nil {
+			return err
+		}
+		if busy != "" {
+			return &NodeBusyError{Node: node.Name, Reason: busy}
 		}
 		t := now()
 		run.State, run.Attempt, run.ClaimedAt, run.StartedAt, run.FinishedAt = RunRunning, run.Attempt+1, &t, &t, nil
