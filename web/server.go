@@ -260,6 +260,9 @@ func (s *Server) handleError(err error, c echo.Context) {
 		status, body = http.StatusUnprocessableEntity, protocol.ErrorDetail{Code: "invalid_input",
 			Message: "text and JSON values cannot contain NUL (\\u0000) characters; nothing was written",
 			Details: map[string]any{"field": "body", "reason": "contains a NUL character"}}
+	case isReferenceGone(err):
+		status, body = http.StatusConflict, protocol.ErrorDetail{Code: "conflict",
+			Message: "something this request refers to was removed by another request meanwhile; nothing was written, look again and retry"}
 	case errors.As(err, &ee):
 		status = ee.Code
 		body = protocol.ErrorDetail{Code: strings.ReplaceAll(strings.ToLower(http.StatusText(ee.Code)), " ", "_"), Message: fmt.Sprint(ee.Message)}
@@ -277,6 +280,14 @@ func (s *Server) handleError(err error, c echo.Context) {
 func isNULRefused(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && (pg.Code == "22P05" || pg.Code == "22021")
+}
+
+// isReferenceGone reports a foreign-key violation: requests check what
+// they refer to, so one means a concurrent request removed it (a role
+// dropped by a release import while being bound).
+func isReferenceGone(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "23503"
 }
 
 // bindStrict decodes a JSON body, refusing unknown fields and naming the
