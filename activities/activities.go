@@ -26,6 +26,10 @@ const (
 	ErrTypeTaskFailed = "TaskFailed"
 	// ErrTypePlan means the graph cannot be planned; retrying will not help.
 	ErrTypePlan = "PlanError"
+	// ErrTypeNodeBusy means the run's node ran something else for longer
+	// than the activity waits; nothing was dispatched, and the workflow
+	// tries again after a pause.
+	ErrTypeNodeBusy = "NodeBusy"
 )
 
 // Activities carries what the activities need.
@@ -145,12 +149,19 @@ func (a *Activities) RunTaskOnNode(ctx context.Context, in RunTaskInput) (*RunOu
 	}
 }
 
-// nodeBusyPoll is how often a run waiting for its node looks again.
-const nodeBusyPoll = time.Second
+// A run whose node is busy waits inside its activity, heartbeating, for
+// up to nodeBusyWait, looking again every nodeBusyPoll; after that it
+// fails with ErrTypeNodeBusy and the workflow waits with a timer and tries
+// again, so a long wait neither counts against the run's time limit nor
+// costs history while it is short.
+const (
+	nodeBusyPoll = time.Second
+	nodeBusyWait = 30 * time.Second
+)
 
 // dispatchWhenFree dispatches a run, waiting while its node runs something
 // else (another transaction's task, a noderole): a node runs one thing at a
-// time. The activity heartbeats while it waits, saying why.
+// time.
 func (a *Activities) dispatchWhenFree(ctx context.Context, in RunTaskInput, token []byte) (*models.TaskRun, error) {
 	var run *models.TaskRun
 	err := a.whenNodeFree(ctx, in, func() error {
@@ -162,9 +173,11 @@ func (a *Activities) dispatchWhenFree(ctx context.Context, in RunTaskInput, toke
 }
 
 // whenNodeFree calls try until it does not answer that the node is busy,
-// heartbeating why it waits.
+// heartbeating why it waits, for up to nodeBusyWait; then it fails with
+// ErrTypeNodeBusy (not retried by the activity: the workflow waits).
 func (a *Activities) whenNodeFree(ctx context.Context, in RunTaskInput, try func() error) error {
 	logged := false
+	deadline := time.Now().Add(nodeBusyWait)
 	for {
 		err := try()
 		var busy *models.NodeBusyError
@@ -174,6 +187,9 @@ func (a *Activities) whenNodeFree(ctx context.Context, in RunTaskInput, try func
 		if !logged {
 			a.Log.Info("run waits for its node", "node", in.Node, "task", in.Task, "run", in.RunID, "reason", busy.Reason)
 			logged = true
+		}
+		if time.Now().After(deadline) {
+			return temporal.NewNonRetryableApplicationError(busy.Error(), ErrTypeNodeBusy, nil)
 		}
 		activity.RecordHeartbeat(ctx, busy.Error())
 		select {

@@ -114,7 +114,7 @@ func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRol
 			heartbeat = time.Duration(in.HeartbeatTimeoutSec) * time.Second
 		}
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-			StartToCloseTimeout: time.Duration(plan.TimeoutSec)*time.Second + 2*heartbeat + nodeBusyAllowance,
+			StartToCloseTimeout: time.Duration(plan.TimeoutSec)*time.Second + 2*heartbeat,
 			HeartbeatTimeout:    heartbeat,
 			Summary:             fmt.Sprintf("%s on %s", plan.Role, plan.Node),
 			// A failed run is the noderole's error, retried by the
@@ -126,7 +126,7 @@ func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRol
 			jig = a.RunOnOrchestrator
 		}
 		input := activities.RunTaskInput{RunID: plan.RunID, Task: plan.Role, Node: plan.Node}
-		err = workflow.ExecuteActivity(actx, jig, input).Get(ctx, nil)
+		err = runOnNode(ctx, actx, jig, input)
 		if err != nil {
 			end.OK = false
 			var appErr *temporal.ApplicationError

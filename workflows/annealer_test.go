@@ -25,6 +25,7 @@ type noderoleFake struct {
 	mu    sync.Mutex
 	plan  models.NodeRoleRunPlan
 	jig   error // what the jig activity returns
+	busy  int   // how many first jig calls answer that the node is busy
 	calls []string
 	ends  []activities.NodeRoleRunEnd
 }
@@ -49,6 +50,12 @@ func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnviro
 	env.OnActivity(a.RunTaskOnNode, mock.Anything, mock.Anything).Return(
 		func(context.Context, activities.RunTaskInput) (*activities.RunOutcome, error) {
 			f.record("agent")
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.busy > 0 {
+				f.busy--
+				return nil, temporal.NewNonRetryableApplicationError("node n1 is busy: run 3 (setup) is running", activities.ErrTypeNodeBusy, nil)
+			}
 			return &activities.RunOutcome{}, f.jig
 		}).Maybe()
 	env.OnActivity(a.RunOnOrchestrator, mock.Anything, mock.Anything).Return(
@@ -73,6 +80,20 @@ func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnviro
 			return &models.NodeRole{ID: end.NodeRoleID, State: state}, nil
 		}).Maybe()
 	return env
+}
+
+// TestNodeRoleRunWaitsForABusyNode: while the node stays busy past the
+// activity's own wait, the workflow pauses and tries again; the wait is
+// not the noderole's failure.
+func TestNodeRoleRunWaitsForABusyNode(t *testing.T) {
+	f := &noderoleFake{plan: models.NodeRoleRunPlan{NodeRoleID: 4, Run: 1, RunID: 40, Node: "n1", Role: "db", Jig: "agent", HasScript: true, TimeoutSec: 60}, busy: 2}
+	env := newNodeRoleEnv(t, f)
+	env.ExecuteWorkflow(activities.NodeRoleWorkflow, activities.NodeRoleRunInput{NodeRoleID: 4, Run: 1, Node: "n1", Role: "db"})
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	assert.Equal(t, []string{"prepare", "agent", "agent", "agent"}, f.calls)
+	require.Len(t, f.ends, 1)
+	assert.True(t, f.ends[0].OK)
 }
 
 func TestNodeRoleRunJigs(t *testing.T) {

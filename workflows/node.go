@@ -277,7 +277,7 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		// The agent enforces the task's timeout; this one catches an agent
 		// that keeps heartbeating but never reports.
-		StartToCloseTimeout: time.Duration(r.TimeoutSec)*time.Second + 2*heartbeat + nodeBusyAllowance,
+		StartToCloseTimeout: time.Duration(r.TimeoutSec)*time.Second + 2*heartbeat,
 		HeartbeatTimeout:    heartbeat,
 		WaitForCancellation: true,
 		Summary:             fmt.Sprintf("%s on %s", r.Task, n.in.NodeName),
@@ -298,7 +298,7 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 			return fmt.Errorf("read the boot id of %s: %w", n.in.NodeName, err)
 		}
 	}
-	err := workflow.ExecuteActivity(actx, jig, input).Get(ctx, nil)
+	err := runOnNode(ctx, actx, jig, input)
 	if err == nil && r.Reboot {
 		// The agent reported the reboot under way: wait for the node to come
 		// back with a new boot id, within the task's timeout.

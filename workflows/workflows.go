@@ -7,6 +7,7 @@
 package workflows
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -30,10 +31,26 @@ const SignalRunsFinished = "runs-finished"
 // its agent before it counts as lost.
 const DefaultHeartbeatTimeout = 60 * time.Second
 
-// nodeBusyAllowance is added to a run's time limit for waiting while its
-// node finishes something else (a noderole, another transaction's task):
-// a node runs one thing at a time.
-const nodeBusyAllowance = 15 * time.Minute
+// nodeBusyPause is how long a workflow waits before trying a run again
+// whose node stayed busy (a noderole, another transaction's task) for as
+// long as the activity waits: a node runs one thing at a time.
+const nodeBusyPause = 10 * time.Second
+
+// runOnNode executes a jig activity, again after a pause for as long as it
+// answers that the node is busy (nothing was dispatched then), so that the
+// wait counts against neither the run's time limit nor its retries.
+func runOnNode(ctx, actx workflow.Context, jig any, input any) error {
+	for {
+		err := workflow.ExecuteActivity(actx, jig, input).Get(ctx, nil)
+		var appErr *temporal.ApplicationError
+		if !errors.As(err, &appErr) || appErr.Type() != activities.ErrTypeNodeBusy {
+			return err
+		}
+		if err := workflow.Sleep(ctx, nodeBusyPause); err != nil {
+			return err
+		}
+	}
+}
 
 // Register registers the workflows on a worker under their readable names.
 func Register(r worker.WorkflowRegistry) {
