@@ -126,11 +126,21 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 
 // lastNodeRoleRun loads a noderole's newest run (the highest run number),
 // or nil when the noderole never ran: it tells an operator what the last
-// run saw, handed back, printed and how it ended.
+// run saw, handed back, printed and how it ended. A copy made by proposing
+// a snapshot has no runs of its own until it runs again: it shows the
+// newest run of its role on its node, from the snapshots it came from.
 func lastNodeRoleRun(tx *gorm.DB, id int64) (*TaskRun, error) {
 	var runs []TaskRun
 	if err := tx.Where("noderole_id = ?", id).Order("position DESC").Limit(1).Find(&runs).Error; err != nil {
 		return nil, fmt.Errorf("load the last run of noderole %d: %w", id, err)
+	}
+	if len(runs) == 0 {
+		if err := tx.Raw(`SELECT t.* FROM task_runs t
+			JOIN noderoles o ON o.id = t.noderole_id
+			JOIN noderoles n ON n.id = ? AND o.node_id = n.node_id AND o.role_id = n.role_id AND n.run_count > 0
+			ORDER BY t.id DESC LIMIT 1`, id).Scan(&runs).Error; err != nil {
+			return nil, fmt.Errorf("load the last run of noderole %d: %w", id, err)
+		}
 	}
 	if len(runs) == 0 {
 		return nil, nil

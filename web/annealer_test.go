@@ -189,6 +189,8 @@ func TestAnnealerGrowsTheSampleDeployment(t *testing.T) {
 		assert.Equal(t, 1, nrs[k].RunCount, "%s did not run again", k)
 	}
 	dbCopy := getNodeRole(t, st, nrs["db-server@n1"].ID)
+	require.NotNil(t, dbCopy.LastRun, "the copy shows the run it carries the result of")
+	assert.Equal(t, db.LastRun.ID, dbCopy.LastRun.ID)
 	for _, k := range []string{"app-server@n4", "app-server@n5"} {
 		app := getNodeRole(t, st, nrs[k].ID)
 		assert.Equal(t, []int64{dbCopy.ID}, app.Parents, "%s requires the database of the committed snapshot", k)
