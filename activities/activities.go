@@ -271,11 +271,9 @@ func (a *Activities) FinishTransaction(ctx context.Context, in FinishInput) (*Tr
 		return nil, missingTransaction(ctx, err)
 	}
 	a.Log.Info("transaction finished", "transaction", in.TransactionID, "status", st.Status, "error", st.Error)
-	if a.Temporal != nil {
-		// Its nodes are free for the annealer again.
-		if err := KickAnnealer(ctx, a.Temporal, a.TaskQueue, "transaction "+in.TransactionID+" finished"); err != nil {
-			a.Log.Warn("annealer not woken", "error", err)
-		}
+	// Its nodes are free for the annealer again.
+	if err := KickAnnealer(ctx, a.Temporal, a.TaskQueue, "transaction "+in.TransactionID+" finished"); err != nil {
+		a.Log.Warn("annealer not woken", "error", err)
 	}
 	return &TransactionOutcome{Status: st.Status, Error: st.Error, Counts: st.Counts}, nil
 }

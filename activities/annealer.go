@@ -201,17 +201,18 @@ type NodeRoleRunEnd struct {
 
 // FinishNodeRoleRun records the end of a noderole's run (its state, its
 // wall, its children) and wakes the annealer: the node is free, and
-// children may have become todo.
-func (a *Activities) FinishNodeRoleRun(ctx context.Context, end NodeRoleRunEnd) (*models.NodeRole, error) {
+// children may have become todo. It returns the noderole's state only: the
+// history keeps summaries, Postgres the data.
+func (a *Activities) FinishNodeRoleRun(ctx context.Context, end NodeRoleRunEnd) (string, error) {
 	nr, err := a.Store.FinishNodeRoleRun(ctx, end.NodeRoleID, end.Run, end.OK, end.Reason)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	a.Log.Info("noderole finished", "noderole", nr.ID, "node", nr.NodeName, "role", nr.RoleName, "state", nr.State, "reason", end.Reason)
 	if err := KickAnnealer(ctx, a.Temporal, a.TaskQueue, fmt.Sprintf("noderole %d is %s", nr.ID, nr.State)); err != nil {
-		return nil, err
+		return "", err
 	}
-	return nr, nil
+	return nr.State, nil
 }
 
 // NodeBootstrapWorkflow is the type of the workflow that gives a new node

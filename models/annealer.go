@@ -78,7 +78,8 @@ func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*Nod
 	return out, nil
 }
 
-// jsonValue is any JSON value as an SQL expression.
+// jsonValue is any JSON value as an SQL expression (a value that cannot be
+// encoded, which JSON decoded from the database never is, becomes {}).
 func jsonValue(v any) clause.Expr {
 	raw, err := json.Marshal(v)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
@@ -34,12 +33,7 @@ type m = map[string]any
 
 func newAnnealed(t *testing.T) *crowbar {
 	t.Helper()
-	store, ctx := newStore(t)
-	var spec models.ReleaseSpec
-	require.NoError(t, yaml.Unmarshal([]byte(annealYAML), &spec))
-	_, err := store.ImportRelease(ctx, spec)
-	require.NoError(t, err)
-	return &crowbar{store: store, ctx: ctx}
+	return newCrowbarOf(t, annealYAML)
 }
 
 func (c *crowbar) reloadID(t *testing.T, id int64) *models.NodeRole {

@@ -50,9 +50,9 @@ LIMIT 1`, map[string]any{"node": nodeID, "run": exceptRun, "nr": exceptNodeRole,
 	return reasons[0], nil
 }
 
-// transactionWants says whether an unfinished transaction still has runs to
-// do on the node: the annealer leaves the node to it until it ends (its end
-// wakes the annealer).
+// transactionWants returns an unfinished transaction that still has runs
+// to do on the node ("" when none): the annealer leaves the node to it
+// until it ends (its end wakes the annealer), and the node is not deleted.
 func transactionWants(tx *gorm.DB, nodeID int64) (string, error) {
 	var ids []string
 	err := tx.Raw(`SELECT t.transaction_id::text FROM task_runs t JOIN transactions x ON x.id = t.transaction_id
@@ -64,5 +64,5 @@ func transactionWants(tx *gorm.DB, nodeID int64) (string, error) {
 	if len(ids) == 0 {
 		return "", nil
 	}
-	return "transaction " + ids[0] + " has work on it", nil
+	return ids[0], nil
 }

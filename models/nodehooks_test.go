@@ -150,8 +150,7 @@ func TestDeleteNodeKeepsTransactionHistory(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.store.DeleteNode(f.ctx, ctlName)
 	ce = requireConflict(t, err)
-	assert.Contains(t, ce.Reason, "is running task setup")
-	assert.Contains(t, ce.Reason, txn.ID.String())
+	assert.Contains(t, ce.Reason, "(setup) is running")
 
 	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, StdoutTail: "set up"})
 	require.NoError(t, err)
@@ -211,7 +210,7 @@ func TestDeleteNodeRefusesNodeRoleWork(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.store.DeleteNode(c.ctx, n.Name)
 	ce := requireConflict(t, err)
-	assert.Contains(t, ce.Reason, "(role cache) in transition")
+	assert.Contains(t, ce.Reason, "(cache) is in transition")
 
 	plan, err := c.store.PrepareNodeRoleRun(c.ctx, nr.ID, 1)
 	require.NoError(t, err)
@@ -219,7 +218,7 @@ func TestDeleteNodeRefusesNodeRoleWork(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.store.DeleteNode(c.ctx, n.Name)
 	ce = requireConflict(t, err)
-	assert.Contains(t, ce.Reason, "is running role cache")
+	assert.Contains(t, ce.Reason, "(cache)")
 
 	_, err = c.store.RecordRunResult(c.ctx, n.ID, plan.RunID, protocol.RunResult{Attempt: 1})
 	require.NoError(t, err)

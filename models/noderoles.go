@@ -2,7 +2,6 @@ package models
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -426,13 +425,7 @@ func ensureDeploymentRole(tx *gorm.DB, deploymentID int64, role *Role) (*Deploym
 
 // jsonb is a JSON object as an SQL expression, for map updates (which do
 // not go through the fields' serializer).
-func jsonb(v map[string]any) clause.Expr {
-	raw, err := json.Marshal(v)
-	if err != nil {
-		raw = []byte("{}") // maps decoded from JSON always marshal
-	}
-	return gorm.Expr("?::jsonb", string(raw))
-}
+func jsonb(v map[string]any) clause.Expr { return jsonValue(v) }
 
 // deepCopyMap copies a JSON object, so that seeded blobs share nothing.
 func deepCopyMap(m map[string]any) map[string]any {
@@ -504,9 +497,18 @@ func decorateNodeRoles(db *gorm.DB, nrs []NodeRole) error {
 	return nil
 }
 
-// NodeRole loads a noderole with its names and edges.
+// NodeRole loads a noderole with its names, edges and last run, as the
+// API shows it.
 func (s *Store) NodeRole(ctx context.Context, id int64) (*NodeRole, error) {
-	return loadNodeRole(s.DB.WithContext(ctx), id, false)
+	db := s.DB.WithContext(ctx)
+	nr, err := loadNodeRole(db, id, false)
+	if err != nil {
+		return nil, err
+	}
+	if nr.LastRun, err = lastNodeRoleRun(db, id); err != nil {
+		return nil, err
+	}
+	return nr, nil
 }
 
 func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
@@ -524,9 +526,6 @@ func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
 	}
 	list := []NodeRole{nr}
 	if err := decorateNodeRoles(tx, list); err != nil {
-		return nil, err
-	}
-	if list[0].LastRun, err = lastNodeRoleRun(tx, id); err != nil {
 		return nil, err
 	}
 	return &list[0], nil
@@ -676,17 +675,19 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 		}
 		// A node runs one thing at a time, and a transaction that still has
 		// work on the node goes first; its end wakes the annealer.
-		for _, check := range []func() (string, error){
-			func() (string, error) { return nodeRunning(tx, nr.NodeID, 0, id) },
-			func() (string, error) { return transactionWants(tx, nr.NodeID) },
-		} {
-			reason, err := check()
-			if err != nil {
-				return err
-			}
-			if reason != "" {
-				return &ConflictError{Reason: fmt.Sprintf("node %s is busy: %s", nr.NodeName, reason)}
-			}
+		running, err := nodeRunning(tx, nr.NodeID, 0, id)
+		if err != nil {
+			return err
+		}
+		if running != "" {
+			return &ConflictError{Reason: fmt.Sprintf("node %s is busy: %s", nr.NodeName, running)}
+		}
+		txID, err := transactionWants(tx, nr.NodeID)
+		if err != nil {
+			return err
+		}
+		if txID != "" {
+			return &ConflictError{Reason: fmt.Sprintf("node %s is busy: transaction %s has work on it", nr.NodeName, txID)}
 		}
 		if err := setState(tx, id, NodeRoleTransition, nil); err != nil {
 			return err

@@ -48,9 +48,15 @@ type crowbar struct {
 
 func newCrowbar(t *testing.T) *crowbar {
 	t.Helper()
+	return newCrowbarOf(t, crowbarYAML)
+}
+
+// newCrowbarOf is a fresh store with the release given as YAML imported.
+func newCrowbarOf(t *testing.T, release string) *crowbar {
+	t.Helper()
 	store, ctx := newStore(t)
 	var spec models.ReleaseSpec
-	require.NoError(t, yaml.Unmarshal([]byte(crowbarYAML), &spec))
+	require.NoError(t, yaml.Unmarshal([]byte(release), &spec))
 	_, err := store.ImportRelease(ctx, spec)
 	require.NoError(t, err)
 	return &crowbar{store: store, ctx: ctx}

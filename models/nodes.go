@@ -337,47 +337,22 @@ func (s *Store) DeleteNode(ctx context.Context, ref string) (*Node, error) {
 // nodeBusy returns a ConflictError saying what to wait for or stop when
 // the node has work under way, nil when it may be deleted.
 func nodeBusy(tx *gorm.DB, node *Node) error {
-	var running []struct {
-		ID            int64
-		TransactionID *string
-		NodeRoleID    int64 `gorm:"column:noderole_id"`
-		TaskName      string
+	running, err := nodeRunning(tx, node.ID, 0, 0)
+	if err != nil {
+		return err
 	}
-	if err := tx.Raw(`SELECT id, transaction_id::text AS transaction_id, COALESCE(noderole_id, 0) AS noderole_id, task_name FROM task_runs
-		WHERE node_id = ? AND state = ? ORDER BY id LIMIT 1`, node.ID, RunRunning).Scan(&running).Error; err != nil {
-		return fmt.Errorf("check runs of node %s: %w", node.Name, err)
-	}
-	if len(running) > 0 {
-		r := running[0]
-		if r.TransactionID != nil {
-			return &ConflictError{Reason: fmt.Sprintf("node %s is running task %s (run %d) of transaction %s: wait for the transaction to end or stop it (POST /api/v1/transactions/%s/stop), then delete the node",
-				node.Name, r.TaskName, r.ID, *r.TransactionID, *r.TransactionID)}
-		}
-		return &ConflictError{Reason: fmt.Sprintf("node %s is running role %s (run %d of noderole %d): wait for the run to end, then delete the node",
-			node.Name, r.TaskName, r.ID, r.NodeRoleID)}
-	}
-	var transition []struct {
-		ID   int64
-		Role string
-	}
-	if err := tx.Raw(`SELECT nr.id, r.name AS role FROM noderoles nr JOIN roles r ON r.id = nr.role_id
-		WHERE nr.node_id = ? AND nr.state = ? ORDER BY nr.id LIMIT 1`, node.ID, NodeRoleTransition).Scan(&transition).Error; err != nil {
-		return fmt.Errorf("check noderoles of node %s: %w", node.Name, err)
-	}
-	if len(transition) > 0 {
-		return &ConflictError{Reason: fmt.Sprintf("node %s has noderole %d (role %s) in transition: wait for its run to end, then delete the node",
-			node.Name, transition[0].ID, transition[0].Role)}
+	if running != "" {
+		return &ConflictError{Reason: fmt.Sprintf("node %s is busy: %s; wait for it to end (or stop its transaction), then delete the node", node.Name, running)}
 	}
 	// Runs still to come: the transaction's node workflow would look for
 	// the node, and its other nodes may wait on these runs.
-	var unfinished []string
-	if err := tx.Raw(`SELECT DISTINCT t.id::text FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
-		WHERE r.node_id = ? AND t.status IN ? ORDER BY 1 LIMIT 1`, node.ID, []string{TxPending, TxRunning}).Scan(&unfinished).Error; err != nil {
-		return fmt.Errorf("check transactions of node %s: %w", node.Name, err)
+	txID, err := transactionWants(tx, node.ID)
+	if err != nil {
+		return err
 	}
-	if len(unfinished) > 0 {
-		return &ConflictError{Reason: fmt.Sprintf("transaction %s has not finished and has runs on node %s: wait for it to end or stop it (POST /api/v1/transactions/%s/stop), then delete the node",
-			unfinished[0], node.Name, unfinished[0])}
+	if txID != "" {
+		return &ConflictError{Reason: fmt.Sprintf("transaction %s has not finished and has runs to do on node %s: wait for it to end or stop it (POST /api/v1/transactions/%s/stop), then delete the node",
+			txID, node.Name, txID)}
 	}
 	// A deployment in progress has a workflow waiting for the node's agent.
 	var swd []struct {

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,30 +72,12 @@ func bootstrapped(t *testing.T, st *testenv.Stack, short string) models.Bootstra
 	return res
 }
 
-// commitAll is bindAll that also checks that the commit woke the annealer,
-// and returns the task uuid of the deploy-changes transaction the commit
-// started (it provisions the nodes that moved in), "" if none.
+// commitAll is bindAll returning the task uuid of the deploy-changes
+// transaction the commit started (it provisions the nodes that moved in),
+// "" if none.
 func commitAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...string) string {
 	t.Helper()
-	var snap models.Snapshot
-	status, body := st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/propose", nil, &snap)
-	require.Equal(t, http.StatusCreated, status, "%s", body)
-	for _, b := range bindings {
-		role, node, _ := strings.Cut(b, "@")
-		status, body := st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/noderoles", snap.ID),
-			map[string]any{"node": nodeName(node), "role": role}, nil)
-		require.Equal(t, http.StatusCreated, status, "bind %s: %s", b, body)
-	}
-	var committed struct {
-		models.Snapshot
-		Annealer      map[string]any `json:"annealer"`
-		DeployChanges map[string]any `json:"deploy_changes"`
-	}
-	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/commit", snap.ID), nil, &committed)
-	require.Equal(t, http.StatusOK, status, "%s", body)
-	require.Equal(t, models.SnapshotCommitted, committed.State)
-	require.Equal(t, map[string]any{"woken": true}, committed.Annealer, "%s", body)
-	id, _ := committed.DeployChanges["task_uuid"].(string)
+	id, _ := bindAll(t, st, deployment, bindings...).DeployChanges["task_uuid"].(string)
 	return id
 }
 

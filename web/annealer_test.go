@@ -72,9 +72,18 @@ func states(nrs map[string]models.NodeRole) map[string]string {
 	return out
 }
 
+// commitAnswer is the answer to a commit: the snapshot, whether the
+// annealer was woken, and the deploy-changes transaction it started.
+type commitAnswer struct {
+	models.Snapshot
+	Annealer      map[string]any `json:"annealer"`
+	DeployChanges map[string]any `json:"deploy_changes"`
+}
+
 // bindAll proposes a snapshot of the deployment, binds each role@node,
-// commits it by the deployment's name and returns the commit's answer.
-func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...string) models.Snapshot {
+// commits it by the deployment's name and returns the commit's answer,
+// checking that the commit woke the annealer.
+func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...string) commitAnswer {
 	t.Helper()
 	var snap models.Snapshot
 	status, body := st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/propose", nil, &snap)
@@ -86,10 +95,11 @@ func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...str
 		require.Equal(t, http.StatusCreated, status, "bind %s: %s", b, body)
 	}
 	// Committed by the deployment's name (the same as POST /snapshots/:id/commit).
-	var committed models.Snapshot
+	var committed commitAnswer
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/commit", nil, &committed)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Equal(t, models.SnapshotCommitted, committed.State)
+	require.Equal(t, map[string]any{"woken": true}, committed.Annealer, "%s", body)
 	require.Equal(t, snap.ID, committed.ID)
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/commit", nil, nil)
 	require.Equal(t, http.StatusConflict, status, "nothing proposed any more: %s", body)

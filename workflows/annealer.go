@@ -141,11 +141,11 @@ func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRol
 	if err != nil {
 		return nil, fmt.Errorf("run %s on %s: %w", plan.Role, plan.Node, err)
 	}
-	var nr models.NodeRole
-	if err := workflow.ExecuteActivity(stateActivity(ctx), a.FinishNodeRoleRun, end).Get(ctx, &nr); err != nil {
+	var state string
+	if err := workflow.ExecuteActivity(stateActivity(ctx), a.FinishNodeRoleRun, end).Get(ctx, &state); err != nil {
 		return nil, fmt.Errorf("finish %s on %s: %w", plan.Role, plan.Node, err)
 	}
-	return &NodeRoleRunResult{State: nr.State, Reason: end.Reason}, nil
+	return &NodeRoleRunResult{State: state, Reason: end.Reason}, nil
 }
 
 // NodeBootstrap gives a freshly created node its default roles (Crowbar's

@@ -69,15 +69,14 @@ func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnviro
 			return nil
 		}).Maybe()
 	env.OnActivity(a.FinishNodeRoleRun, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, end activities.NodeRoleRunEnd) (*models.NodeRole, error) {
+		func(_ context.Context, end activities.NodeRoleRunEnd) (string, error) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.ends = append(f.ends, end)
-			state := models.NodeRoleActive
 			if !end.OK {
-				state = models.NodeRoleError
+				return models.NodeRoleError, nil
 			}
-			return &models.NodeRole{ID: end.NodeRoleID, State: state}, nil
+			return models.NodeRoleActive, nil
 		}).Maybe()
 	return env
 }
