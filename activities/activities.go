@@ -17,19 +17,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/anneal-dev/anneal/models"
-)
-
-// Error types carried by activity failures, for workflows to branch on.
-const (
-	// ErrTypeTaskFailed means the task ran and failed on the node; its run
-	// row already says so.
-	ErrTypeTaskFailed = "TaskFailed"
-	// ErrTypePlan means the graph cannot be planned; retrying will not help.
-	ErrTypePlan = "PlanError"
-	// ErrTypeNodeBusy means the run's node ran something else for longer
-	// than the activity waits; nothing was dispatched, and the workflow
-	// tries again after a pause.
-	ErrTypeNodeBusy = "NodeBusy"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // Activities carries what the activities need.
@@ -48,37 +36,27 @@ type Activities struct {
 	HeartbeatTimeoutSec int
 }
 
-// GraphRef addresses one graph of a transaction.
-type GraphRef struct {
-	TransactionID string `json:"transaction_id"`
-	GraphIndex    int    `json:"graph_index"`
-}
-
-// NodeRef addresses one node's share of a graph.
-type NodeRef struct {
-	GraphRef
-	NodeID int64 `json:"node_id"`
-}
-
-func (g GraphRef) uuid() (uuid.UUID, error) {
-	id, err := uuid.Parse(g.TransactionID)
+// transactionID parses a transaction id from a payload; a malformed one
+// fails for good.
+func transactionID(txID string) (uuid.UUID, error) {
+	id, err := uuid.Parse(txID)
 	if err != nil {
-		return id, temporal.NewNonRetryableApplicationError(fmt.Sprintf("bad transaction id %q", g.TransactionID), "BadInput", err)
+		return id, temporal.NewNonRetryableApplicationError(fmt.Sprintf("bad transaction id %q", txID), contract.ErrTypeBadInput, err)
 	}
 	return id, nil
 }
 
 // PlanGraph resolves a graph's tasks to nodes, builds the DAG and persists
 // the runs. A graph that cannot be planned fails without retry.
-func (a *Activities) PlanGraph(ctx context.Context, ref GraphRef) (*models.GraphPlan, error) {
-	id, err := ref.uuid()
+func (a *Activities) PlanGraph(ctx context.Context, ref contract.GraphRef) (*contract.GraphPlan, error) {
+	id, err := transactionID(ref.TransactionID)
 	if err != nil {
 		return nil, err
 	}
 	p, err := a.Store.PlanGraph(ctx, id, ref.GraphIndex)
 	var perr *models.PlanError
 	if errors.As(err, &perr) {
-		return nil, temporal.NewNonRetryableApplicationError(perr.Reason, ErrTypePlan, nil)
+		return nil, temporal.NewNonRetryableApplicationError(perr.Reason, contract.ErrTypePlan, nil)
 	}
 	if err != nil {
 		return nil, missingTransaction(ctx, err)
@@ -91,8 +69,8 @@ func (a *Activities) PlanGraph(ctx context.Context, ref GraphRef) (*models.Graph
 
 // LoadNodePlan returns a node's runs of a graph with their edges and, when
 // some are still to run, marks the node busy with the graph (progress 0).
-func (a *Activities) LoadNodePlan(ctx context.Context, ref NodeRef) (*models.NodePlan, error) {
-	id, err := ref.uuid()
+func (a *Activities) LoadNodePlan(ctx context.Context, ref contract.NodeRef) (*contract.NodePlan, error) {
+	id, err := transactionID(ref.TransactionID)
 	if err != nil {
 		return nil, err
 	}
@@ -101,57 +79,44 @@ func (a *Activities) LoadNodePlan(ctx context.Context, ref NodeRef) (*models.Nod
 		return nil, err
 	}
 	for _, r := range np.Runs {
-		if r.State == models.RunPending {
+		if r.State == contract.RunPending {
 			return np, a.Store.StartNodeGraph(ctx, ref.NodeID)
 		}
 	}
 	return np, nil
 }
 
-// RunOutcome is what a finished run reports back to its workflow; the rest
-// (outputs, logs) stays in Postgres.
-type RunOutcome struct {
-	ExitCode int `json:"exit_code"`
-}
-
-// RunTaskInput names the run to execute.
-type RunTaskInput struct {
-	RunID int64  `json:"run_id"`
-	Task  string `json:"task"`
-	Node  string `json:"node"`
-}
-
 // RunTaskOnNode hands a run to its node's agent (the agent jig: the agent
 // pulls its work) and completes asynchronously: the API completes this
 // activity when the agent reports, and the agent's run heartbeats keep it
 // alive, so a dead agent turns into a heartbeat timeout.
-func (a *Activities) RunTaskOnNode(ctx context.Context, in RunTaskInput) (*RunOutcome, error) {
+func (a *Activities) RunTaskOnNode(ctx context.Context, in contract.RunTaskInput) (*contract.RunOutcome, error) {
 	info := activity.GetInfo(ctx)
 	run, err := a.dispatchWhenFree(ctx, in, info.TaskToken)
 	if err != nil {
 		return nil, err
 	}
 	switch run.State {
-	case models.RunRunning:
+	case contract.RunRunning:
 		a.Log.Info("run dispatched to agent", "transaction", run.TransactionID, "node", in.Node, "task", in.Task,
 			"run", in.RunID, "attempt", run.Attempt, "activity_attempt", info.Attempt)
 		return nil, activity.ErrResultPending
-	case models.RunSucceeded:
+	case contract.RunSucceeded:
 		// A retry after the agent already reported success: do not run twice.
 		exit := 0
 		if run.ExitCode != nil {
 			exit = *run.ExitCode
 		}
-		return &RunOutcome{ExitCode: exit}, nil
+		return &contract.RunOutcome{ExitCode: exit}, nil
 	default:
 		return nil, temporal.NewNonRetryableApplicationError(
-			fmt.Sprintf("run %d (%s on %s) is %s and cannot be dispatched", in.RunID, in.Task, in.Node, run.State), "NotDispatchable", nil)
+			fmt.Sprintf("run %d (%s on %s) is %s and cannot be dispatched", in.RunID, in.Task, in.Node, run.State), contract.ErrTypeNotDispatchable, nil)
 	}
 }
 
 // A run whose node is busy waits inside its activity, heartbeating, for
 // up to nodeBusyWait, looking again every nodeBusyPoll; after that it
-// fails with ErrTypeNodeBusy and the workflow waits with a timer and tries
+// fails with contract.ErrTypeNodeBusy and the workflow waits with a timer and tries
 // again, so a long wait neither counts against the run's time limit nor
 // costs history while it is short.
 const (
@@ -162,7 +127,7 @@ const (
 // dispatchWhenFree dispatches a run, waiting while its node runs something
 // else (another transaction's task, a noderole): a node runs one thing at a
 // time.
-func (a *Activities) dispatchWhenFree(ctx context.Context, in RunTaskInput, token []byte) (*models.TaskRun, error) {
+func (a *Activities) dispatchWhenFree(ctx context.Context, in contract.RunTaskInput, token []byte) (*models.TaskRun, error) {
 	var run *models.TaskRun
 	err := a.whenNodeFree(ctx, in, func() error {
 		var err error
@@ -174,8 +139,8 @@ func (a *Activities) dispatchWhenFree(ctx context.Context, in RunTaskInput, toke
 
 // whenNodeFree calls try until it does not answer that the node is busy,
 // heartbeating why it waits, for up to nodeBusyWait; then it fails with
-// ErrTypeNodeBusy (not retried by the activity: the workflow waits).
-func (a *Activities) whenNodeFree(ctx context.Context, in RunTaskInput, try func() error) error {
+// contract.ErrTypeNodeBusy (not retried by the activity: the workflow waits).
+func (a *Activities) whenNodeFree(ctx context.Context, in contract.RunTaskInput, try func() error) error {
 	logged := false
 	deadline := time.Now().Add(nodeBusyWait)
 	for {
@@ -189,7 +154,7 @@ func (a *Activities) whenNodeFree(ctx context.Context, in RunTaskInput, try func
 			logged = true
 		}
 		if time.Now().After(deadline) {
-			return temporal.NewNonRetryableApplicationError(busy.Error(), ErrTypeNodeBusy, nil)
+			return temporal.NewNonRetryableApplicationError(busy.Error(), contract.ErrTypeNodeBusy, nil)
 		}
 		activity.RecordHeartbeat(ctx, busy.Error())
 		select {
@@ -200,27 +165,13 @@ func (a *Activities) whenNodeFree(ctx context.Context, in RunTaskInput, try func
 	}
 }
 
-// RunFailure records a run that failed outside the agent's report (timeout,
-// lost agent) and the runs that are blocked by a failure.
-type RunFailure struct {
-	RunID   int64   `json:"run_id,omitempty"`
-	Reason  string  `json:"reason,omitempty"`
-	Blocked []int64 `json:"blocked,omitempty"`
-}
-
 // RecordRunFailure writes a failure and the runs it blocks.
-func (a *Activities) RecordRunFailure(ctx context.Context, f RunFailure) error {
+func (a *Activities) RecordRunFailure(ctx context.Context, f contract.RunFailure) error {
 	return a.Store.FailRun(ctx, f.RunID, f.Reason, f.Blocked)
 }
 
-// RunsToCancel lists runs that will not start because the transaction stops.
-type RunsToCancel struct {
-	RunIDs []int64 `json:"run_ids"`
-	Reason string  `json:"reason"`
-}
-
 // CancelRuns marks runs that never started as cancelled.
-func (a *Activities) CancelRuns(ctx context.Context, in RunsToCancel) error {
+func (a *Activities) CancelRuns(ctx context.Context, in contract.RunsToCancel) error {
 	return a.Store.CancelRuns(ctx, in.RunIDs, in.Reason)
 }
 
@@ -230,39 +181,19 @@ func (a *Activities) CheckRunStates(ctx context.Context, ids []int64) (map[int64
 	return a.Store.RunStates(ctx, ids)
 }
 
-// NodeAbandon fails what a node workflow left unfinished.
-type NodeAbandon struct {
-	NodeRef
-	Reason string `json:"reason"`
-}
-
 // AbandonNodeRuns fails the unfinished runs of a node whose workflow ended
 // abnormally (terminated, failed), so its dependants stop waiting.
-func (a *Activities) AbandonNodeRuns(ctx context.Context, in NodeAbandon) error {
-	id, err := in.uuid()
+func (a *Activities) AbandonNodeRuns(ctx context.Context, in contract.NodeAbandon) error {
+	id, err := transactionID(in.TransactionID)
 	if err != nil {
 		return err
 	}
 	return a.Store.AbandonNodeRuns(ctx, id, in.GraphIndex, in.NodeID, in.Reason)
 }
 
-// FinishInput says how a transaction ended as far as its workflow knows.
-type FinishInput struct {
-	TransactionID string `json:"transaction_id"`
-	Stopped       bool   `json:"stopped,omitempty"`
-	FailReason    string `json:"fail_reason,omitempty"`
-}
-
-// TransactionOutcome is the transaction workflow's result.
-type TransactionOutcome struct {
-	Status string         `json:"status"`
-	Error  string         `json:"error,omitempty"`
-	Counts map[string]int `json:"counts"`
-}
-
 // FinishTransaction records the transaction's final status from its runs.
-func (a *Activities) FinishTransaction(ctx context.Context, in FinishInput) (*TransactionOutcome, error) {
-	id, err := GraphRef{TransactionID: in.TransactionID}.uuid()
+func (a *Activities) FinishTransaction(ctx context.Context, in contract.FinishInput) (*contract.TransactionOutcome, error) {
+	id, err := transactionID(in.TransactionID)
 	if err != nil {
 		return nil, err
 	}
@@ -272,10 +203,10 @@ func (a *Activities) FinishTransaction(ctx context.Context, in FinishInput) (*Tr
 	}
 	a.Log.Info("transaction finished", "transaction", in.TransactionID, "status", st.Status, "error", st.Error)
 	// Its nodes are free for the annealer again.
-	if err := KickAnnealer(ctx, a.Temporal, a.TaskQueue, "transaction "+in.TransactionID+" finished"); err != nil {
+	if err := contract.KickAnnealer(ctx, a.Temporal, a.TaskQueue, "transaction "+in.TransactionID+" finished"); err != nil {
 		a.Log.Warn("annealer not woken", "error", err)
 	}
-	return &TransactionOutcome{Status: st.Status, Error: st.Error, Counts: st.Counts}, nil
+	return &contract.TransactionOutcome{Status: st.Status, Error: st.Error, Counts: st.Counts}, nil
 }
 
 // RecordNoOp marks a run with nothing to execute as succeeded.
@@ -283,16 +214,10 @@ func (a *Activities) RecordNoOp(ctx context.Context, runID int64) error {
 	return a.Store.SucceedNoOp(ctx, runID)
 }
 
-// NodeGraphEnd says how a node's share of a graph ended.
-type NodeGraphEnd struct {
-	NodeRef
-	Outcome string `json:"outcome"` // models.OutcomeSuccess, OutcomeError or OutcomeStop
-}
-
 // FinishNodeGraph applies the graph's on_success/on_error/on_stop callback
 // to the node's attributes and resets its progress.
-func (a *Activities) FinishNodeGraph(ctx context.Context, end NodeGraphEnd) error {
-	id, err := end.uuid()
+func (a *Activities) FinishNodeGraph(ctx context.Context, end contract.NodeGraphEnd) error {
+	id, err := transactionID(end.TransactionID)
 	if err != nil {
 		return err
 	}
@@ -310,7 +235,7 @@ const missingTransactionAttempts = 6
 func missingTransaction(ctx context.Context, err error) error {
 	if errors.Is(err, models.ErrNotFound) && activity.GetInfo(ctx).Attempt >= missingTransactionAttempts {
 		return temporal.NewNonRetryableApplicationError(
-			"the transaction's row does not exist (its creation was rolled back): "+err.Error(), "BadInput", err)
+			"the transaction's row does not exist (its creation was rolled back): "+err.Error(), contract.ErrTypeBadInput, err)
 	}
 	return err
 }

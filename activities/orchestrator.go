@@ -16,6 +16,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // RunOnOrchestrator runs a task in the worker rather than on its node (the
@@ -23,7 +24,7 @@ import (
 // context in its environment, as Fuel runs it on the master node;
 // move_to_bootstrap returns the node to discovery. The result is recorded
 // like an agent's.
-func (a *Activities) RunOnOrchestrator(ctx context.Context, in RunTaskInput) (*RunOutcome, error) {
+func (a *Activities) RunOnOrchestrator(ctx context.Context, in contract.RunTaskInput) (*contract.RunOutcome, error) {
 	var run *models.TaskRun
 	var node *models.Node
 	err := a.whenNodeFree(ctx, in, func() error {
@@ -34,8 +35,8 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in RunTaskInput) (*R
 	if err != nil {
 		return nil, err
 	}
-	if run.State == models.RunSucceeded {
-		return &RunOutcome{}, nil // a retry after it succeeded: do not run twice
+	if run.State == contract.RunSucceeded {
+		return &contract.RunOutcome{}, nil // a retry after it succeeded: do not run twice
 	}
 	log := a.Log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
 	// Keep the activity alive while the command runs.
@@ -79,9 +80,9 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in RunTaskInput) (*R
 		if res.Error != "" {
 			msg = fmt.Sprintf("task %s failed on the orchestrator for %s: %s", run.TaskName, node.Name, res.Error)
 		}
-		return nil, temporal.NewApplicationError(msg, ErrTypeTaskFailed, RunOutcome{ExitCode: res.ExitCode})
+		return nil, temporal.NewApplicationError(msg, contract.ErrTypeTaskFailed, contract.RunOutcome{ExitCode: res.ExitCode})
 	}
-	return &RunOutcome{ExitCode: res.ExitCode}, nil
+	return &contract.RunOutcome{ExitCode: res.ExitCode}, nil
 }
 
 // masterShell runs a master_shell task's command in the worker, with the

@@ -7,20 +7,13 @@ import (
 
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // NodeBootID reads a node's boot id before a reboot task.
 func (a *Activities) NodeBootID(ctx context.Context, nodeID int64) (string, error) {
 	return a.Store.NodeBootID(ctx, nodeID)
-}
-
-// RebootWait names the node and boot id a reboot task waits to change.
-type RebootWait struct {
-	RunID      int64  `json:"run_id"`
-	NodeID     int64  `json:"node_id"`
-	Node       string `json:"node"`
-	OldBootID  string `json:"old_boot_id"`
-	TimeoutSec int    `json:"timeout_sec"`
 }
 
 // rebootPoll is how often AwaitReboot looks at the node's boot id.
@@ -29,7 +22,7 @@ const rebootPoll = time.Second
 // AwaitReboot waits until the node reports a boot id other than the one it
 // had before the reboot task. If it does not come back in time, the run is
 // failed with the reason and the error says so.
-func (a *Activities) AwaitReboot(ctx context.Context, w RebootWait) error {
+func (a *Activities) AwaitReboot(ctx context.Context, w contract.RebootWait) error {
 	deadline := time.Now().Add(time.Duration(w.TimeoutSec) * time.Second)
 	for {
 		boot, err := a.Store.NodeBootID(ctx, w.NodeID)
@@ -45,7 +38,7 @@ func (a *Activities) AwaitReboot(ctx context.Context, w RebootWait) error {
 			if err := a.Store.RejectRebootRun(ctx, w.RunID, reason); err != nil {
 				return err
 			}
-			return temporal.NewNonRetryableApplicationError(reason, ErrTypeTaskFailed, nil)
+			return temporal.NewNonRetryableApplicationError(reason, contract.ErrTypeTaskFailed, nil)
 		}
 		activity.RecordHeartbeat(ctx)
 		select {

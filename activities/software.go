@@ -7,30 +7,18 @@ import (
 	"go.temporal.io/sdk/activity"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
-
-// SoftwareRound addresses one round of a software deployment.
-type SoftwareRound struct {
-	DeploymentID int64 `json:"deployment_id"`
-	Round        int   `json:"round"`
-}
-
-// SoftwareEnd is how a round of a software deployment ended.
-type SoftwareEnd struct {
-	SoftwareRound
-	Status string `json:"status"`
-	Reason string `json:"reason,omitempty"`
-}
 
 // PrepareSoftwareRound starts a round: it resolves the get_attr references
 // of the deployment's inputs and, when they are all COMPLETE, marks the
 // deployment IN_PROGRESS and wakes the node's agent. Idempotent.
-func (a *Activities) PrepareSoftwareRound(ctx context.Context, in SoftwareRound) (*models.SoftwarePrepared, error) {
+func (a *Activities) PrepareSoftwareRound(ctx context.Context, in contract.SoftwareRound) (*contract.SoftwarePrepared, error) {
 	p, err := a.Store.PrepareSoftwareRound(ctx, in.DeploymentID, in.Round)
 	if errors.Is(err, models.ErrRoundNotYetVisible) && activity.GetInfo(ctx).Attempt > 8 {
 		// Retried for minutes: the request that started the round rolled
 		// back (or the deployment was deleted).
-		return &models.SoftwarePrepared{Stale: true}, nil
+		return &contract.SoftwarePrepared{Stale: true}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -45,7 +33,7 @@ func (a *Activities) PrepareSoftwareRound(ctx context.Context, in SoftwareRound)
 // FinishSoftwareRound records how a round ended (COMPLETE or FAILED with a
 // reason), with the outputs its agent signalled. Idempotent: it reports
 // false when the round had already ended or is no longer current.
-func (a *Activities) FinishSoftwareRound(ctx context.Context, in SoftwareEnd) (bool, error) {
+func (a *Activities) FinishSoftwareRound(ctx context.Context, in contract.SoftwareEnd) (bool, error) {
 	changed, err := a.Store.FinishSoftwareRound(ctx, in.DeploymentID, in.Round, in.Status, in.Reason)
 	if err != nil {
 		return false, err

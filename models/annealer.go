@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/models/attrs"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // NodeRoleRunGraph is the graph_type of a noderole's task run, so that its
@@ -19,30 +20,11 @@ const NodeRoleRunGraph = "noderole"
 // NodeRoleTimeoutSec bounds one run of a noderole on its node.
 const NodeRoleTimeoutSec = 600
 
-// NodeRoleRunPlan is what one run of a noderole needs: the task run that
-// carries it to the node and the jig that runs it.
-type NodeRoleRunPlan struct {
-	NodeRoleID int64  `json:"noderole_id"`
-	Run        int    `json:"run"`
-	RunID      int64  `json:"run_id"`
-	NodeID     int64  `json:"node_id"`
-	Node       string `json:"node"`
-	Role       string `json:"role"`
-	Jig        string `json:"jig"`
-	// Script is empty when the role has nothing to run on the node: the
-	// run then hands the attributes back unchanged.
-	HasScript  bool `json:"has_script"`
-	TimeoutSec int  `json:"timeout_sec"`
-	// Skip says why there is nothing to do: the noderole is no longer in
-	// transition for this run (a retried activity, a run already finished).
-	Skip string `json:"skip,omitempty"`
-}
-
 // PrepareNodeRoleRun creates the task run of run number run of a noderole
 // in transition, with the attributes it sees (NodeRoleAttrs). It is
 // idempotent: a second call returns the same run.
-func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*NodeRoleRunPlan, error) {
-	var out *NodeRoleRunPlan
+func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*contract.NodeRoleRunPlan, error) {
+	var out *contract.NodeRoleRunPlan
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		nr, err := loadNodeRole(tx, id, true)
 		if err != nil {
@@ -52,9 +34,9 @@ func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*Nod
 		if err := tx.Take(&role, nr.RoleID).Error; err != nil {
 			return fmt.Errorf("load role of noderole %d: %w", id, err)
 		}
-		out = &NodeRoleRunPlan{NodeRoleID: id, Run: run, NodeID: nr.NodeID, Node: nr.NodeName, Role: role.Name,
+		out = &contract.NodeRoleRunPlan{NodeRoleID: id, Run: run, NodeID: nr.NodeID, Node: nr.NodeName, Role: role.Name,
 			Jig: role.Jig, HasScript: role.Script != "", TimeoutSec: NodeRoleTimeoutSec}
-		if nr.State != NodeRoleTransition || nr.RunCount+1 != run {
+		if nr.State != contract.NodeRoleTransition || nr.RunCount+1 != run {
 			out.Skip = fmt.Sprintf("noderole %d is %s after %d runs; run %d is not awaited", id, nr.State, nr.RunCount, run)
 			return nil
 		}
@@ -67,7 +49,7 @@ func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*Nod
 				task_type, position, spec, state, attrs_in)
 			VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (noderole_id, position) WHERE noderole_id IS NOT NULL DO NOTHING`,
-			id, NodeRoleRunGraph, nr.NodeID, nr.NodeName, role.Name, "shell", run, jsonValue(spec), RunPending, jsonb(sees)).Error; err != nil {
+			id, NodeRoleRunGraph, nr.NodeID, nr.NodeName, role.Name, "shell", run, jsonValue(spec), contract.RunPending, jsonb(sees)).Error; err != nil {
 			return fmt.Errorf("create run %d of noderole %d: %w", run, id, err)
 		}
 		return tx.Model(&TaskRun{}).Where("noderole_id = ? AND position = ?", id, run).Pluck("id", &out.RunID).Error
@@ -103,7 +85,7 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 		if err != nil {
 			return err
 		}
-		if nr.State != NodeRoleTransition || nr.RunCount+1 != run {
+		if nr.State != contract.NodeRoleTransition || nr.RunCount+1 != run {
 			return nil
 		}
 		var runs []TaskRun
@@ -118,7 +100,7 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 					position, state, error, finished_at)
 				VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?, now())
 				ON CONFLICT (noderole_id, position) WHERE noderole_id IS NOT NULL DO NOTHING`,
-				id, NodeRoleRunGraph, nr.NodeID, nr.NodeName, nr.RoleName, run, RunFailed, reason).Error; err != nil {
+				id, NodeRoleRunGraph, nr.NodeID, nr.NodeName, nr.RoleName, run, contract.RunFailed, reason).Error; err != nil {
 				return fmt.Errorf("record the failed run %d of noderole %d: %w", run, id, err)
 			}
 		}
@@ -126,10 +108,10 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 			r := runs[0]
 			// The run row ends with the noderole (the agent's report has
 			// usually ended it already): it must not hold the node.
-			if !RunFinal(r.State) {
-				state := RunSucceeded
+			if !contract.RunFinal(r.State) {
+				state := contract.RunSucceeded
 				if !ok {
-					state = RunFailed
+					state = contract.RunFailed
 				}
 				if err := tx.Model(&TaskRun{}).Where("id = ?", r.ID).Updates(map[string]any{
 					"state": state, "error": reason, "finished_at": now(), "updated_at": now()}).Error; err != nil {
@@ -151,9 +133,9 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 			return fmt.Errorf("load snapshot %d: %w", nr.SnapshotID, err)
 		}
 		if snap.State != SnapshotCommitted {
-			state := NodeRoleError
+			state := contract.NodeRoleError
 			if ok {
-				state = NodeRoleActive
+				state = contract.NodeRoleActive
 			}
 			return setState(tx, id, state, map[string]any{"wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1")})
 		}
@@ -217,7 +199,7 @@ func NodeRoleAttrs(tx *gorm.DB, nr *NodeRole) (map[string]any, error) {
 		LEFT JOIN deployment_roles dr ON dr.deployment_id = s.deployment_id AND dr.role_id = nr.role_id `
 	var onNodeRows []attrsRow
 	if err := tx.Raw(blobs+`WHERE nr.node_id = ? AND nr.state = ? AND s.state = ? AND nr.id <> ? ORDER BY nr.id`,
-		nr.NodeID, NodeRoleActive, SnapshotCommitted, nr.ID).Scan(&onNodeRows).Error; err != nil {
+		nr.NodeID, contract.NodeRoleActive, SnapshotCommitted, nr.ID).Scan(&onNodeRows).Error; err != nil {
 		return nil, fmt.Errorf("load active noderoles of node %s: %w", nr.NodeName, err)
 	}
 	onNode := make([]map[string]any, 0, len(onNodeRows))
@@ -266,7 +248,7 @@ func NodeRoleAttrs(tx *gorm.DB, nr *NodeRole) (map[string]any, error) {
 // the annealer checks at its start that each still has a run under way.
 func (s *Store) NodeRolesInTransition(ctx context.Context) ([]NodeRole, error) {
 	var out []NodeRole
-	if err := s.DB.WithContext(ctx).Where("state = ?", NodeRoleTransition).Order("id").Find(&out).Error; err != nil {
+	if err := s.DB.WithContext(ctx).Where("state = ?", contract.NodeRoleTransition).Order("id").Find(&out).Error; err != nil {
 		return nil, fmt.Errorf("find noderoles in transition: %w", err)
 	}
 	if err := decorateNodeRoles(s.DB.WithContext(ctx), out); err != nil {

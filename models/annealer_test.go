@@ -12,6 +12,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/attrs"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // annealYAML: os and dns are discovery roles (dns requires os, and sorts
@@ -48,7 +49,7 @@ func (c *crowbar) annealedDeployment(t *testing.T, name string) {
 }
 
 // bootstrapped creates a node in system and gives it its default roles.
-func (c *crowbar) bootstrapped(t *testing.T, name string, admin bool) (*models.Node, *models.BootstrapResult) {
+func (c *crowbar) bootstrapped(t *testing.T, name string, admin bool) (*models.Node, *contract.BootstrapResult) {
 	t.Helper()
 	node, _, err := c.store.CreateNode(c.ctx, models.NodeInput{Name: name + ".anneal.test", Admin: admin}, true)
 	require.NoError(t, err)
@@ -115,8 +116,8 @@ func TestBootstrapNode(t *testing.T) {
 	assert.Equal(t, []string{"os", "dns"}, res.Roles)
 	assert.Equal(t, models.FlagDiscovery, res.Flag)
 	sys := c.committedByKey(t, models.SystemDeployment)
-	assert.Equal(t, models.NodeRoleTodo, sys["os@n1"].State, "recommitted: no parents")
-	assert.Equal(t, models.NodeRoleBlocked, sys["dns@n1"].State, "recommitted: waits for os")
+	assert.Equal(t, contract.NodeRoleTodo, sys["os@n1"].State, "recommitted: no parents")
+	assert.Equal(t, contract.NodeRoleBlocked, sys["dns@n1"].State, "recommitted: waits for os")
 	assert.Equal(t, []int64{sys["os@n1"].ID}, sys["dns@n1"].Parents)
 
 	// Idempotent: the same bindings.
@@ -154,10 +155,10 @@ func TestAnnealAttributesAndWall(t *testing.T) {
 	sent := c.run(t, sys["os@n1"].ID, merged(m{"os": m{"kernel": "6.1"}}), true)
 	assert.Equal(t, m{"os": m{"name": "linux", "pkgs": []any{"a"}}}, sent)
 	osN1 := c.reloadID(t, sys["os@n1"].ID)
-	assert.Equal(t, models.NodeRoleActive, osN1.State)
+	assert.Equal(t, contract.NodeRoleActive, osN1.State)
 	assert.Equal(t, m{"os": m{"kernel": "6.1"}}, osN1.Wall)
 	dnsN1 := c.reloadID(t, sys["dns@n1"].ID)
-	assert.Equal(t, models.NodeRoleTodo, dnsN1.State, "its parent is active")
+	assert.Equal(t, contract.NodeRoleTodo, dnsN1.State, "its parent is active")
 
 	// dns@n1 sees os (with os's wall) from the node and as its parent, its
 	// own template last; it hands back a removal and a change.
@@ -187,11 +188,11 @@ func TestAnnealAttributesAndWall(t *testing.T) {
 	assert.Equal(t, prod.ID, n1.DeploymentID)
 
 	prodNR := c.committedByKey(t, "prod")
-	assert.Equal(t, models.NodeRoleTodo, prodNR["db@n1"].State)
-	assert.Equal(t, models.NodeRoleBlocked, prodNR["app@n2"].State)
+	assert.Equal(t, contract.NodeRoleTodo, prodNR["db@n1"].State)
+	assert.Equal(t, contract.NodeRoleBlocked, prodNR["app@n2"].State)
 	c.run(t, prodNR["db@n1"].ID, merged(m{"db": m{"url": "pg://n1"}}), false)
 	dbN1 := c.reloadID(t, prodNR["db@n1"].ID)
-	assert.Equal(t, models.NodeRoleError, dbN1.State)
+	assert.Equal(t, contract.NodeRoleError, dbN1.State)
 	assert.Equal(t, m{}, dbN1.Wall, "a failed run keeps the wall it had")
 	_, err = c.store.RetryNodeRole(c.ctx, dbN1.ID)
 	require.NoError(t, err)
@@ -209,7 +210,7 @@ func TestAnnealAttributesAndWall(t *testing.T) {
 		"app": m{"workers": float64(2)},
 	}, sent)
 	appN2 := c.reloadID(t, prodNR["app@n2"].ID)
-	assert.Equal(t, models.NodeRoleActive, appN2.State)
+	assert.Equal(t, contract.NodeRoleActive, appN2.State)
 	assert.Equal(t, m{}, appN2.Wall, "nothing handed back: no wall")
 	assert.Equal(t, 1, appN2.RunCount)
 
@@ -217,7 +218,7 @@ func TestAnnealAttributesAndWall(t *testing.T) {
 	// awaited says so.
 	_, err = c.store.FinishNodeRoleRun(c.ctx, appN2.ID, 1, false, "late")
 	require.NoError(t, err)
-	assert.Equal(t, models.NodeRoleActive, c.reload(t, appN2).State)
+	assert.Equal(t, contract.NodeRoleActive, c.reload(t, appN2).State)
 	plan, err := c.store.PrepareNodeRoleRun(c.ctx, appN2.ID, 2)
 	require.NoError(t, err)
 	assert.Contains(t, plan.Skip, "not awaited")
@@ -236,11 +237,11 @@ func TestFailedRunRecordsTheReason(t *testing.T) {
 	require.NoError(t, err)
 	var row models.TaskRun
 	require.NoError(t, c.store.DB.Take(&row, plan.RunID).Error)
-	assert.Equal(t, models.RunFailed, row.State)
+	assert.Equal(t, contract.RunFailed, row.State)
 	assert.Equal(t, "no result from the node's agent", row.Error)
 	reloaded := c.reload(t, &os)
-	assert.Equal(t, models.NodeRoleError, reloaded.State)
-	assert.Equal(t, models.NodeRoleBlocked, c.committedByKey(t, models.SystemDeployment)["dns@n1"].State)
+	assert.Equal(t, contract.NodeRoleError, reloaded.State)
+	assert.Equal(t, contract.NodeRoleBlocked, c.committedByKey(t, models.SystemDeployment)["dns@n1"].State)
 }
 
 func TestCommitRefusesANodeThatLeftTheChain(t *testing.T) {
@@ -283,10 +284,10 @@ func TestCommitCarriesOverResultsOfUneditedCopies(t *testing.T) {
 	c.run(t, c.committedByKey(t, "prod")["db@n1"].ID, merged(m{"db": m{"url": "pg://n1"}}), true)
 	c.commit(t, second)
 	prod := c.committedByKey(t, "prod")
-	assert.Equal(t, models.NodeRoleActive, prod["db@n1"].State, "the copy took over its original's run")
+	assert.Equal(t, contract.NodeRoleActive, prod["db@n1"].State, "the copy took over its original's run")
 	assert.Equal(t, 1, prod["db@n1"].RunCount)
 	assert.Equal(t, m{"db": m{"url": "pg://n1"}}, prod["db@n1"].Wall)
-	assert.Equal(t, models.NodeRoleTodo, prod["app@n2"].State, "its parent is active")
+	assert.Equal(t, contract.NodeRoleTodo, prod["app@n2"].State, "its parent is active")
 	assert.Equal(t, app.ID, prod["app@n2"].ID)
 
 	third := c.propose(t, "prod")
@@ -299,7 +300,7 @@ func TestCommitCarriesOverResultsOfUneditedCopies(t *testing.T) {
 	_, err := c.store.UpdateNodeRole(c.ctx, dbCopy, m{"db": m{"port": float64(7000)}})
 	require.NoError(t, err)
 	c.commit(t, third)
-	assert.Equal(t, models.NodeRoleTodo, c.committedByKey(t, "prod")["db@n1"].State, "an edited binding runs again")
+	assert.Equal(t, contract.NodeRoleTodo, c.committedByKey(t, "prod")["db@n1"].State, "an edited binding runs again")
 }
 
 func mustSnapshot(t *testing.T, c *crowbar, id int64) *models.Snapshot {
@@ -318,12 +319,12 @@ func TestBootstrapAlsoBindsInAProposalOfSystem(t *testing.T) {
 	for _, nr := range mustSnapshot(t, c, prop.ID).NodeRoles {
 		inProp[nr.RoleName+"@"+nr.NodeName] = nr.State
 	}
-	assert.Equal(t, models.NodeRoleProposed, inProp["os@n2.anneal.test"], "the proposal got the new node's roles")
-	assert.Equal(t, models.NodeRoleProposed, inProp["dns@n2.anneal.test"])
+	assert.Equal(t, contract.NodeRoleProposed, inProp["os@n2.anneal.test"], "the proposal got the new node's roles")
+	assert.Equal(t, contract.NodeRoleProposed, inProp["dns@n2.anneal.test"])
 	c.commit(t, prop)
 	sys := c.committedByKey(t, models.SystemDeployment)
-	assert.Equal(t, models.NodeRoleTodo, sys["os@n2"].State, "committing the proposal kept them")
-	assert.Equal(t, models.NodeRoleBlocked, sys["dns@n2"].State)
+	assert.Equal(t, contract.NodeRoleTodo, sys["os@n2"].State, "committing the proposal kept them")
+	assert.Equal(t, contract.NodeRoleBlocked, sys["dns@n2"].State)
 }
 
 // TestBootstrapRacingACommitOfSystem: a node bootstrapped while a proposal

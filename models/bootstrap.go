@@ -7,20 +7,9 @@ import (
 	"strconv"
 
 	"gorm.io/gorm"
-)
 
-// BootstrapResult says what BootstrapNode bound.
-type BootstrapResult struct {
-	Node string `json:"node"`
-	// Flag is the role flag that chose the roles: bootstrap for an admin
-	// node, discovery for the others.
-	Flag string `json:"flag"`
-	// NodeRoles are the node's default noderoles in the system deployment's
-	// committed snapshot, in the order they were bound.
-	NodeRoles []int64 `json:"noderoles"`
-	// Roles names them, in the same order.
-	Roles []string `json:"roles"`
-}
+	"github.com/anneal-dev/anneal/workflows/contract"
+)
 
 // BootstrapNode gives a freshly created node its default roles, as Crowbar
 // does: the bootstrap roles for an admin node, the discovery roles (whose
@@ -30,8 +19,8 @@ type BootstrapResult struct {
 // takes over; a proposed snapshot of system gets the same bindings, so that
 // committing it keeps them. on_node_create hooks run last. It is
 // idempotent: bindings that exist are kept.
-func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*BootstrapResult, error) {
-	var out *BootstrapResult
+func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*contract.BootstrapResult, error) {
+	var out *contract.BootstrapResult
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		node, _, err := lockNode(tx, strconv.FormatInt(nodeID, 10))
 		if err != nil {
@@ -53,7 +42,7 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*BootstrapResu
 		if _, err := lockSnapshot(tx, snap.ID); err != nil {
 			return err
 		}
-		out = &BootstrapResult{Node: node.Name, Flag: FlagDiscovery, NodeRoles: []int64{}, Roles: []string{}}
+		out = &contract.BootstrapResult{Node: node.Name, Flag: FlagDiscovery, NodeRoles: []int64{}, Roles: []string{}}
 		if node.Admin {
 			out.Flag = FlagBootstrap
 		}

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // requireInvalid asserts err is bad input naming field.
@@ -132,10 +133,10 @@ func TestCrowbarAPINodeRoleFilters(t *testing.T) {
 	assert.Equal(t, []string{"base@n1", "db@n1"}, noderoleKeys(list(models.NodeRoleFilter{Node: strconv.FormatInt(n1.ID, 10)})))
 	assert.Equal(t, []string{"cache@n2", "cache@s1"}, noderoleKeys(list(models.NodeRoleFilter{Role: "cache"})))
 	assert.Equal(t, []string{"cache@s1"}, noderoleKeys(list(models.NodeRoleFilter{Role: "cache", Deployment: "staging"})))
-	assert.Equal(t, []string{"base@n1", "cache@n2", "cache@s1"}, noderoleKeys(list(models.NodeRoleFilter{State: models.NodeRoleTodo})))
-	assert.Equal(t, []string{"db@n1", "api@n2"}, noderoleKeys(list(models.NodeRoleFilter{State: models.NodeRoleBlocked})))
-	assert.Equal(t, []string{"db@n1"}, noderoleKeys(list(models.NodeRoleFilter{Deployment: "prod", Node: "n1.anneal.test", State: models.NodeRoleBlocked})))
-	assert.Empty(t, list(models.NodeRoleFilter{State: models.NodeRoleActive}))
+	assert.Equal(t, []string{"base@n1", "cache@n2", "cache@s1"}, noderoleKeys(list(models.NodeRoleFilter{State: contract.NodeRoleTodo})))
+	assert.Equal(t, []string{"db@n1", "api@n2"}, noderoleKeys(list(models.NodeRoleFilter{State: contract.NodeRoleBlocked})))
+	assert.Equal(t, []string{"db@n1"}, noderoleKeys(list(models.NodeRoleFilter{Deployment: "prod", Node: "n1.anneal.test", State: contract.NodeRoleBlocked})))
+	assert.Empty(t, list(models.NodeRoleFilter{State: contract.NodeRoleActive}))
 	assert.Empty(t, list(models.NodeRoleFilter{Role: "odd"}), "a role nobody bound")
 
 	// A deployment never committed has no noderoles, and reading does not
@@ -172,7 +173,7 @@ func TestCrowbarAPILastRun(t *testing.T) {
 	c.bind(t, snap, "n1", "base")
 	c.commit(t, snap)
 	nr := c.committedByKey(t, "prod")["base@n1"]
-	require.Equal(t, models.NodeRoleTodo, nr.State)
+	require.Equal(t, contract.NodeRoleTodo, nr.State)
 
 	fresh := c.reload(t, &nr)
 	assert.Nil(t, fresh.LastRun)
@@ -191,7 +192,7 @@ func TestCrowbarAPILastRun(t *testing.T) {
 	assert.Equal(t, 1, got.LastRun.Position)
 	require.NotNil(t, got.LastRun.NodeRoleID)
 	assert.Equal(t, nr.ID, *got.LastRun.NodeRoleID)
-	assert.Equal(t, models.RunPending, got.LastRun.State)
+	assert.Equal(t, contract.RunPending, got.LastRun.State)
 	assert.Equal(t, "pool", got.LastRun.AttrsIn["ntp"], "what the run saw: %v", got.LastRun.AttrsIn)
 	assert.Nil(t, got.LastRun.AttrsOut, "nothing handed back yet")
 	raw, err = json.Marshal(got)
@@ -209,7 +210,7 @@ func TestCrowbarAPILastRun(t *testing.T) {
 	require.NoError(t, err)
 	got = c.reload(t, &nr)
 	require.NotNil(t, got.LastRun)
-	assert.Equal(t, models.RunFailed, got.LastRun.State)
+	assert.Equal(t, contract.RunFailed, got.LastRun.State)
 	assert.Equal(t, "jig said no", got.LastRun.Error)
 	assert.NotNil(t, got.LastRun.FinishedAt)
 	_, err = c.store.RetryNodeRole(c.ctx, nr.ID)
@@ -223,7 +224,7 @@ func TestCrowbarAPILastRun(t *testing.T) {
 	require.NotNil(t, got.LastRun)
 	assert.Equal(t, plan2.RunID, got.LastRun.ID)
 	assert.Equal(t, 2, got.LastRun.Position)
-	assert.Equal(t, models.RunPending, got.LastRun.State)
+	assert.Equal(t, contract.RunPending, got.LastRun.State)
 }
 
 func TestCrowbarAPIDeploymentRoles(t *testing.T) {

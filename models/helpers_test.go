@@ -9,6 +9,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // releaseYAML is a small release in Fuel's shape: a controller that brings
@@ -127,7 +128,7 @@ func (f *fixture) execute(t *testing.T, in models.ExecuteInput) *models.Transact
 }
 
 // plan creates a deployment transaction and plans its graph.
-func (f *fixture) plan(t *testing.T) (*models.Transaction, *models.GraphPlan) {
+func (f *fixture) plan(t *testing.T) (*models.Transaction, *contract.GraphPlan) {
 	t.Helper()
 	txn := f.execute(t, models.ExecuteInput{Force: true}) // independent of earlier runs (LCM)
 	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)

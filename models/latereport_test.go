@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // TestLateReportIsRefused: a result for a run that already failed without
@@ -21,5 +21,5 @@ func TestLateReportIsRefused(t *testing.T) {
 	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: run.Attempt})
 	requireConflict(t, err)
 	got := f.runsByLabel(t, txn)["setup@"+ctlName]
-	require.Equal(t, models.RunFailed, got.State, "the late result changed nothing")
+	require.Equal(t, contract.RunFailed, got.State, "the late result changed nothing")
 }

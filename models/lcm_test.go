@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // TestSkipUnchangedTasks: a task whose definition and node are unchanged
@@ -29,16 +30,16 @@ func TestSkipUnchangedTasks(t *testing.T) {
 	_, err = f.store.PlanGraph(f.ctx, second.ID, 0)
 	require.NoError(t, err)
 	got := f.runsByLabel(t, second)
-	assert.Equal(t, models.RunSkipped, got["setup@"+ctlName].State)
-	assert.Equal(t, models.RunSkipped, got["db@"+ctlName].State)
-	assert.Equal(t, models.RunPending, got["nova@"+cmpName].State, "never succeeded: runs")
+	assert.Equal(t, contract.RunSkipped, got["setup@"+ctlName].State)
+	assert.Equal(t, contract.RunSkipped, got["db@"+ctlName].State)
+	assert.Equal(t, contract.RunPending, got["nova@"+cmpName].State, "never succeeded: runs")
 	assert.Equal(t, runs["db@"+ctlName].InputsHash, got["db@"+ctlName].InputsHash)
 
 	forced := f.execute(t, models.ExecuteInput{Force: true})
 	_, err = f.store.PlanGraph(f.ctx, forced.ID, 0)
 	require.NoError(t, err)
 	for label, r := range f.runsByLabel(t, forced) {
-		assert.Equal(t, models.RunPending, r.State, "force runs %s", label)
+		assert.Equal(t, contract.RunPending, r.State, "force runs %s", label)
 	}
 
 	// Changing the db task's command changes its inputs: it runs again.
@@ -52,8 +53,8 @@ func TestSkipUnchangedTasks(t *testing.T) {
 	_, err = f.store.PlanGraph(f.ctx, changed.ID, 0)
 	require.NoError(t, err)
 	got = f.runsByLabel(t, changed)
-	assert.Equal(t, models.RunPending, got["db@"+ctlName].State)
-	assert.Equal(t, models.RunSkipped, got["setup@"+ctlName].State)
+	assert.Equal(t, contract.RunPending, got["db@"+ctlName].State)
+	assert.Equal(t, contract.RunSkipped, got["setup@"+ctlName].State)
 }
 
 // TestRoleWithoutTasks: a Crowbar-style role (no task selects it) runs as

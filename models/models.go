@@ -144,7 +144,7 @@ type GraphRequest struct {
 	Nodes []int64  `json:"nodes,omitempty"`
 	Tasks []string `json:"tasks,omitempty"`
 	// MaxNodesInFlight caps the nodes working on this graph at once
-	// (0: the transaction's, else DefaultMaxNodesInFlight).
+	// (0: the transaction's, else contract.DefaultMaxNodesInFlight).
 	MaxNodesInFlight int `json:"max_nodes_in_flight,omitempty"`
 	// FailureThreshold is the percentage of the graph's nodes that may fail
 	// before the rest are stopped (nil: the transaction's, else
@@ -154,8 +154,7 @@ type GraphRequest struct {
 
 // Safety valves of a transaction when nobody sets them.
 const (
-	DefaultMaxNodesInFlight = 1000 // Temporal allows 2,000 pending children
-	DefaultFailureThreshold = 100  // never abort: a failure blocks only its descendants
+	DefaultFailureThreshold = 100 // never abort: a failure blocks only its descendants
 )
 
 // Transaction runs one or more graphs on a deployment, durably.
@@ -172,28 +171,6 @@ type Transaction struct {
 	CreatedAt    time.Time      `json:"created_at"`
 	StartedAt    *time.Time     `json:"started_at"`
 	FinishedAt   *time.Time     `json:"finished_at"`
-}
-
-// Task run states.
-const (
-	RunPlanned   = "planned" // recorded by a dry run; never dispatched
-	RunPending   = "pending"
-	RunRunning   = "running"
-	RunSucceeded = "succeeded"
-	RunFailed    = "failed"
-	RunBlocked   = "blocked"
-	RunSkipped   = "skipped"
-	RunCancelled = "cancelled"
-)
-
-// RunFinal reports whether a run in this state will not change any more
-// within its transaction.
-func RunFinal(state string) bool {
-	switch state {
-	case RunSucceeded, RunFailed, RunBlocked, RunSkipped, RunCancelled, RunPlanned:
-		return true
-	}
-	return false
 }
 
 // RunSpec is what a run executes: the task's parameters as planned.

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // TestNodeRunsOneThingAtATime: a transaction with work on a node keeps the
@@ -67,7 +68,7 @@ func TestNodeRunsOneThingAtATime(t *testing.T) {
 	require.NoError(t, err)
 	run, err := f.store.DispatchRun(f.ctx, runs["setup@"+ctlName].ID, []byte("t"))
 	require.NoError(t, err, "the node is free once the noderole ended")
-	assert.Equal(t, models.RunRunning, run.State)
+	assert.Equal(t, contract.RunRunning, run.State)
 
 	// A third transaction waits for the second's running task on cmp,
 	// also when the worker would run it (master_shell, the local jig).

@@ -4,11 +4,13 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 func TestNodeStartOrder(t *testing.T) {
-	a, b, c := PlannedNode{ID: 1, Name: "a"}, PlannedNode{ID: 2, Name: "b"}, PlannedNode{ID: 3, Name: "c"}
-	names := func(ns []PlannedNode) []string {
+	a, b, c := contract.PlannedNode{ID: 1, Name: "a"}, contract.PlannedNode{ID: 2, Name: "b"}, contract.PlannedNode{ID: 3, Name: "c"}
+	names := func(ns []contract.PlannedNode) []string {
 		var out []string
 		for _, n := range ns {
 			out = append(out, n.Name)
@@ -27,7 +29,7 @@ func TestNodeStartOrder(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, names(nodeStartOrder([]PlannedNode{a, b, c}, tc.deps)))
+			assert.Equal(t, tc.want, names(nodeStartOrder([]contract.PlannedNode{a, b, c}, tc.deps)))
 		})
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"strings"
 
 	"gorm.io/gorm"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // NodeRoleStates lists every state a noderole can be in, in the order of
 // its life: what a state filter may ask for.
-var NodeRoleStates = []string{NodeRoleProposed, NodeRoleTodo, NodeRoleBlocked, NodeRoleTransition, NodeRoleActive, NodeRoleError}
+var NodeRoleStates = []string{contract.NodeRoleProposed, contract.NodeRoleTodo, contract.NodeRoleBlocked, contract.NodeRoleTransition, contract.NodeRoleActive, contract.NodeRoleError}
 
 // NodeRoleFilter narrows Store.NodeRoles; empty fields do not filter.
 type NodeRoleFilter struct {

@@ -13,16 +13,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
-)
 
-// NodeRole states (the Crowbar noderole state machine).
-const (
-	NodeRoleProposed   = "proposed"
-	NodeRoleTodo       = "todo"
-	NodeRoleBlocked    = "blocked"
-	NodeRoleTransition = "transition"
-	NodeRoleActive     = "active"
-	NodeRoleError      = "error"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // Role flags the framework knows.
@@ -126,8 +118,8 @@ func RunRoleHooks(ctx context.Context, tx *gorm.DB, role, event string, nr *Node
 
 // stateEvents names the event of each state a noderole can enter.
 var stateEvents = map[string]string{
-	NodeRoleTodo: OnTodo, NodeRoleBlocked: OnBlocked, NodeRoleTransition: OnTransition,
-	NodeRoleError: OnError, NodeRoleActive: OnActive,
+	contract.NodeRoleTodo: OnTodo, contract.NodeRoleBlocked: OnBlocked, contract.NodeRoleTransition: OnTransition,
+	contract.NodeRoleError: OnError, contract.NodeRoleActive: OnActive,
 }
 
 // announce runs, for each noderole (in the order given), the hooks of the
@@ -348,7 +340,7 @@ func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
 	}
 	// 5: the new noderole, proposed, with its edges.
 	nr := &NodeRole{
-		SnapshotID: b.snap.ID, NodeID: b.node.ID, RoleID: role.ID, State: NodeRoleProposed,
+		SnapshotID: b.snap.ID, NodeID: b.node.ID, RoleID: role.ID, State: contract.NodeRoleProposed,
 		UserData: deepCopyMap(dr.Data), SystemData: map[string]any{}, Wall: map[string]any{},
 	}
 	if err := tx.Create(nr).Error; err != nil {
@@ -555,7 +547,7 @@ func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[strin
 			return err
 		}
 		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
-			"user_data": jsonb(userData), "state": NodeRoleProposed, "updated_at": now(),
+			"user_data": jsonb(userData), "state": contract.NodeRoleProposed, "updated_at": now(),
 		}).Error; err != nil {
 			return fmt.Errorf("update noderole %d: %w", id, err)
 		}
@@ -662,11 +654,11 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 		if err != nil {
 			return err
 		}
-		if nr.State != NodeRoleTodo {
+		if nr.State != contract.NodeRoleTodo {
 			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a todo noderole can start", id, nr.State)}
 		}
 		var busy []int64
-		if err := tx.Model(&NodeRole{}).Where("node_id = ? AND state = ? AND id <> ?", nr.NodeID, NodeRoleTransition, id).
+		if err := tx.Model(&NodeRole{}).Where("node_id = ? AND state = ? AND id <> ?", nr.NodeID, contract.NodeRoleTransition, id).
 			Limit(1).Pluck("id", &busy).Error; err != nil {
 			return fmt.Errorf("check node %s: %w", nr.NodeName, err)
 		}
@@ -689,7 +681,7 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 		if txID != "" {
 			return &ConflictError{Reason: fmt.Sprintf("node %s is busy: transaction %s has work on it", nr.NodeName, txID)}
 		}
-		if err := setState(tx, id, NodeRoleTransition, nil); err != nil {
+		if err := setState(tx, id, contract.NodeRoleTransition, nil); err != nil {
 			return err
 		}
 		if err := announce(ctx, tx, id); err != nil {
@@ -698,7 +690,7 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 		if start == nil {
 			return nil
 		}
-		nr.State = NodeRoleTransition
+		nr.State = contract.NodeRoleTransition
 		return start(nr)
 	})
 	if err != nil {
@@ -728,15 +720,15 @@ func (s *Store) FinishNodeRole(ctx context.Context, id int64, ok bool, wall map[
 // finishNodeRole is FinishNodeRole on a noderole locked by the caller.
 func finishNodeRole(ctx context.Context, tx *gorm.DB, nr *NodeRole, ok bool, wall map[string]any) error {
 	id := nr.ID
-	if nr.State != NodeRoleTransition {
+	if nr.State != contract.NodeRoleTransition {
 		return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in transition can finish", id, nr.State)}
 	}
 	if wall == nil {
 		wall = map[string]any{}
 	}
-	state := NodeRoleError
+	state := contract.NodeRoleError
 	if ok {
-		state = NodeRoleActive
+		state = contract.NodeRoleActive
 	}
 	if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
 		"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": now(),
@@ -764,7 +756,7 @@ func (s *Store) RetryNodeRole(ctx context.Context, id int64) (*NodeRole, error) 
 		if err != nil {
 			return err
 		}
-		if nr.State != NodeRoleError {
+		if nr.State != contract.NodeRoleError {
 			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in error can be retried", id, nr.State)}
 		}
 		if _, err := schedule(tx, "n.id = ?", id); err != nil {

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // crowbarYAML is a Crowbar-style release: base is implicit, db requires
@@ -137,7 +138,7 @@ func TestBindRoleSteps(t *testing.T) {
 	db, created, err := c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "db"})
 	require.NoError(t, err)
 	assert.True(t, created)
-	assert.Equal(t, models.NodeRoleProposed, db.State)
+	assert.Equal(t, contract.NodeRoleProposed, db.State)
 	assert.Equal(t, map[string]any{"port": float64(5432), "opts": map[string]any{"pool": float64(5)}}, db.UserData)
 	require.Len(t, db.Parents, 1)
 	base := c.reload(t, &models.NodeRole{ID: db.Parents[0]})

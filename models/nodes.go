@@ -12,6 +12,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -360,7 +362,7 @@ func nodeBusy(tx *gorm.DB, node *Node) error {
 		TimeoutSec int
 	}
 	if err := tx.Raw(`SELECT id, timeout_sec FROM software_deployments WHERE node_id = ? AND status = ? ORDER BY id LIMIT 1`,
-		node.ID, SoftwareInProgress).Scan(&swd).Error; err != nil {
+		node.ID, contract.SoftwareInProgress).Scan(&swd).Error; err != nil {
 		return fmt.Errorf("check software deployments of node %s: %w", node.Name, err)
 	}
 	if len(swd) > 0 {

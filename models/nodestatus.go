@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // Computed node statuses (never stored).
@@ -34,14 +36,6 @@ func (n *Node) ComputedStatus() string {
 	}
 	return n.Status
 }
-
-// Node outcomes of a graph, naming the callback of the graph's metadata
-// that applies: on_success, on_error or on_stop.
-const (
-	OutcomeSuccess = "success"
-	OutcomeError   = "error"
-	OutcomeStop    = "stop"
-)
 
 // nodeAttributeUpdates turns a callback's node_attributes into column
 // updates of a node: status (only a storable one; Fuel's "ready" means
@@ -171,7 +165,7 @@ func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&node, run.NodeID).Error; err != nil {
 			return fmt.Errorf("load node of run %d: %w", runID, err)
 		}
-		if run.State == RunSucceeded {
+		if run.State == contract.RunSucceeded {
 			return nil
 		}
 		// One thing at a time on a node, even when the worker runs it.
@@ -187,7 +181,7 @@ func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node
 			return &NodeBusyError{Node: node.Name, Reason: busy}
 		}
 		t := now()
-		run.State, run.Attempt, run.ClaimedAt, run.StartedAt, run.FinishedAt = RunRunning, run.Attempt+1, &t, &t, nil
+		run.State, run.Attempt, run.ClaimedAt, run.StartedAt, run.FinishedAt = contract.RunRunning, run.Attempt+1, &t, &t, nil
 		run.ExitCode, run.Error = nil, ""
 		return tx.Model(&run).Select("state", "attempt", "claimed_at", "started_at", "finished_at", "exit_code", "error").
 			Updates(&run).Error

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 func TestNodeAttributeUpdates(t *testing.T) {
@@ -55,7 +57,7 @@ func TestCallbackAttributes(t *testing.T) {
 		"on_success": map[string]any{"node_attributes": map[string]any{"status": "ready"}},
 		"on_stop":    nil,
 	}
-	assert.Equal(t, map[string]any{"status": "ready"}, callbackAttributes(meta, OutcomeSuccess))
-	assert.Nil(t, callbackAttributes(meta, OutcomeStop))
-	assert.Nil(t, callbackAttributes(meta, OutcomeError))
+	assert.Equal(t, map[string]any{"status": "ready"}, callbackAttributes(meta, contract.OutcomeSuccess))
+	assert.Nil(t, callbackAttributes(meta, contract.OutcomeStop))
+	assert.Nil(t, callbackAttributes(meta, contract.OutcomeError))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models/plan"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // WorkChannel is the Postgres NOTIFY channel that wakes the agents' long
@@ -27,31 +28,11 @@ const (
 	DefaultTaskTimeoutSec = 300
 )
 
-// PlannedNode is one node of a planned graph, as the transaction workflow
-// needs it: who to start a child workflow for.
-type PlannedNode struct {
-	ID   int64  `json:"id"`
-	Name string `json:"name"`
-	Runs int    `json:"runs"`
-}
-
-// GraphPlan summarises a planned graph.
-type GraphPlan struct {
-	GraphType string        `json:"graph_type"`
-	DryRun    bool          `json:"dry_run"`
-	Nodes     []PlannedNode `json:"nodes"`
-	Runs      int           `json:"runs"`
-	Warnings  []string      `json:"warnings,omitempty"`
-	// The graph's safety valves, defaults applied.
-	MaxNodesInFlight int  `json:"max_nodes_in_flight"`
-	FailureThreshold *int `json:"failure_threshold,omitempty"`
-}
-
 // PlanGraph plans graph gi of a transaction: resolves its tasks to the
 // deployment's nodes, builds the DAG and persists one run per (node, task)
 // with its edges. Planning twice returns the first plan (activities retry).
-func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan, error) {
-	var out *GraphPlan
+func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.GraphPlan, error) {
+	var out *contract.GraphPlan
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var txn Transaction
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
@@ -79,8 +60,8 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 		if req.FailureThreshold != nil {
 			threshold = *req.FailureThreshold
 		}
-		out = &GraphPlan{GraphType: req.Type, DryRun: txn.DryRun,
-			MaxNodesInFlight: DefaultMaxNodesInFlight, FailureThreshold: &threshold}
+		out = &contract.GraphPlan{GraphType: req.Type, DryRun: txn.DryRun,
+			MaxNodesInFlight: contract.DefaultMaxNodesInFlight, FailureThreshold: &threshold}
 		if req.MaxNodesInFlight > 0 {
 			out.MaxNodesInFlight = req.MaxNodesInFlight
 		}
@@ -94,8 +75,8 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 			// happens before any node workflow starts, so none of them sees
 			// a stale failure of another node.
 			err := tx.Model(&TaskRun{}).
-				Where("transaction_id = ? AND graph_index = ? AND state IN ?", id, gi, []string{RunFailed, RunBlocked, RunCancelled, RunRunning}).
-				Updates(map[string]any{"state": RunPending, "error": "", "exit_code": nil, "claimed_at": nil,
+				Where("transaction_id = ? AND graph_index = ? AND state IN ?", id, gi, []string{contract.RunFailed, contract.RunBlocked, contract.RunCancelled, contract.RunRunning}).
+				Updates(map[string]any{"state": contract.RunPending, "error": "", "exit_code": nil, "claimed_at": nil,
 					"started_at": nil, "finished_at": nil, "updated_at": now()}).Error
 			if err != nil {
 				return fmt.Errorf("reopen runs of %s graph %d: %w", id, gi, err)
@@ -129,7 +110,7 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*GraphPlan
 				}
 			}
 		}
-		var rows []PlannedNode
+		var rows []contract.PlannedNode
 		err := tx.Model(&TaskRun{}).Select("node_id AS id, node_name AS name, count(*) AS runs").
 			Where("transaction_id = ? AND graph_index = ?", id, gi).
 			Group("node_id, node_name").Order("node_name").Scan(&rows).Error
@@ -162,14 +143,14 @@ type nodeDep struct{ Before, After int64 }
 // for (ties, and nodes caught in a cycle, by name). With a cap on the nodes
 // in flight, the first unfinished node then never waits for a node that has
 // not started, so the cap cannot deadlock an acyclic graph.
-func nodeStartOrder(nodes []PlannedNode, deps []nodeDep) []PlannedNode {
+func nodeStartOrder(nodes []contract.PlannedNode, deps []nodeDep) []contract.PlannedNode {
 	waits := map[int64]int{}
 	next := map[int64][]int64{}
 	for _, d := range deps {
 		waits[d.After]++
 		next[d.Before] = append(next[d.Before], d.After)
 	}
-	out := make([]PlannedNode, 0, len(nodes))
+	out := make([]contract.PlannedNode, 0, len(nodes))
 	done := map[int64]bool{}
 	for len(out) < len(nodes) {
 		progressed := false
@@ -205,9 +186,9 @@ type PlanError struct{ Reason string }
 func (e *PlanError) Error() string { return e.Reason }
 
 func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *plan.Plan) error {
-	state := RunPending
+	state := contract.RunPending
 	if txn.DryRun {
-		state = RunPlanned
+		state = contract.RunPlanned
 	}
 	done, err := lastSucceeded(tx, txn.DeploymentID, graphType)
 	if err != nil {
@@ -226,12 +207,12 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 			Spec: spec, InputsHash: hash,
 		}
 		if r.Task.Kind() == TaskSkipped {
-			runs[i].State = RunSkipped
+			runs[i].State = contract.RunSkipped
 			runs[i].Error = "skipped: the task's type is skipped"
 			continue
 		}
 		if !txn.Force && done[lcmKey{r.NodeID, r.Task.ID}] == hash {
-			runs[i].State = RunSkipped
+			runs[i].State = contract.RunSkipped
 			runs[i].Error = "skipped: unchanged since its last successful run on this node (force runs it)"
 		}
 	}
@@ -270,7 +251,7 @@ func lastSucceeded(tx *gorm.DB, deploymentID int64, graphType string) (map[lcmKe
 SELECT DISTINCT ON (r.node_id, r.task_name) r.node_id, r.task_name, r.inputs_hash
 FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
 WHERE t.deployment_id = ? AND r.graph_type = ? AND r.state = ?
-ORDER BY r.node_id, r.task_name, r.finished_at DESC`, deploymentID, graphType, RunSucceeded).Scan(&rows).Error
+ORDER BY r.node_id, r.task_name, r.finished_at DESC`, deploymentID, graphType, contract.RunSucceeded).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("load last successful runs: %w", err)
 	}
@@ -292,41 +273,8 @@ func inputsHash(r plan.Run) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// NodeRun is one run as a node's workflow sees it: what to run and which
-// runs it waits for.
-type NodeRun struct {
-	ID         int64   `json:"id"`
-	Task       string  `json:"task"`
-	State      string  `json:"state"`
-	TimeoutSec int     `json:"timeout_sec"`
-	Retries    int     `json:"retries"`
-	Parents    []int64 `json:"parents,omitempty"`     // runs on this node
-	Remote     []int64 `json:"remote,omitempty"`      // runs on other nodes
-	RemoteKids []Peer  `json:"remote_kids,omitempty"` // runs on other nodes waiting for this one
-	NoOp       bool    `json:"no_op,omitempty"`       // nothing to execute
-	// OnOrchestrator runs in the worker, not on the node (master_shell,
-	// move_to_bootstrap).
-	OnOrchestrator bool `json:"on_orchestrator,omitempty"`
-	// Reboot waits, after the agent's report, for a new boot id.
-	Reboot bool `json:"reboot,omitempty"`
-}
-
-// Peer names a run on another node.
-type Peer struct {
-	RunID int64  `json:"run_id"`
-	Node  string `json:"node"`
-}
-
-// NodePlan is a node's share of a planned graph.
-type NodePlan struct {
-	Runs []NodeRun `json:"runs"`
-	// RemoteStates holds the current state of the remote parents, so a node
-	// workflow started late still learns what finished before it.
-	RemoteStates map[int64]string `json:"remote_states,omitempty"`
-}
-
-// NodePlan loads a node's runs of graph gi in plan order with their edges.
-func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*NodePlan, error) {
+// contract.NodePlan loads a node's runs of graph gi in plan order with their edges.
+func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*contract.NodePlan, error) {
 	db := s.DB.WithContext(ctx)
 	var runs []TaskRun
 	err := db.Select("id", "task_name", "task_type", "state", "spec").
@@ -335,11 +283,11 @@ func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64
 	if err != nil {
 		return nil, fmt.Errorf("load runs of node %d in %s: %w", nodeID, id, err)
 	}
-	out := &NodePlan{RemoteStates: map[int64]string{}}
+	out := &contract.NodePlan{RemoteStates: map[int64]string{}}
 	index := map[int64]int{}
 	for i, r := range runs {
 		index[r.ID] = i
-		out.Runs = append(out.Runs, NodeRun{
+		out.Runs = append(out.Runs, contract.NodeRun{
 			ID: r.ID, Task: r.TaskName, State: r.State, TimeoutSec: r.Spec.TimeoutSec, Retries: r.Spec.Retries,
 			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator, Reboot: r.TaskType == TaskReboot,
 		})
@@ -375,13 +323,13 @@ WHERE %[1]s.transaction_id = ? AND %[1]s.graph_index = ? AND %[1]s.node_id = ?`
 			out.RemoteStates[e.ParentID] = e.ParentState
 		default:
 			r := &out.Runs[index[e.ParentID]]
-			r.RemoteKids = append(r.RemoteKids, Peer{RunID: e.ChildID, Node: e.ChildNodeName})
+			r.RemoteKids = append(r.RemoteKids, contract.Peer{RunID: e.ChildID, Node: e.ChildNodeName})
 		}
 	}
 	return out, nil
 }
 
-// edgeRow is an edge with both ends' nodes, as NodePlan reads it.
+// edgeRow is an edge with both ends' nodes, as contract.NodePlan reads it.
 type edgeRow struct {
 	ParentID, ChildID          int64
 	ParentNode, ChildNode      int64
@@ -424,7 +372,7 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 			JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF n`, runID).Scan(&owner).Error; err != nil {
 			return fmt.Errorf("lock the node of run %d: %w", runID, err)
 		}
-		dispatchable := []string{RunPending, RunRunning, RunFailed}
+		dispatchable := []string{contract.RunPending, contract.RunRunning, contract.RunFailed}
 		if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
 			var nr int64
 			if owner[0].NodeRoleID != nil {
@@ -445,7 +393,7 @@ SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, started
     finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
 WHERE id = ? AND state IN ?
 RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, node_id::text) IS NULL AS notified`,
-			RunRunning, token, runID, dispatchable, WorkChannel).Scan(&runs).Error; err != nil {
+			contract.RunRunning, token, runID, dispatchable, WorkChannel).Scan(&runs).Error; err != nil {
 			return fmt.Errorf("dispatch run %d: %w", runID, err)
 		}
 		if len(runs) == 1 {
@@ -476,7 +424,7 @@ func (s *Store) ClaimWork(ctx context.Context, nodeID int64) ([]TaskRun, error) 
 	err := s.DB.WithContext(ctx).Raw(`
 UPDATE task_runs SET claimed_at = now(), updated_at = now()
 WHERE node_id = ? AND state = ? AND claimed_at IS NULL
-RETURNING *`, nodeID, RunRunning).Scan(&runs).Error
+RETURNING *`, nodeID, contract.RunRunning).Scan(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim work of node %d: %w", nodeID, err)
 	}
@@ -510,9 +458,9 @@ type RecordedResult struct {
 // common case is one UPDATE; only a refused or repeated report reads the row
 // to say why.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
-	state := RunSucceeded
+	state := contract.RunSucceeded
 	if !res.Succeeded() {
-		state = RunFailed
+		state = contract.RunFailed
 	}
 	finished := res.FinishedAt
 	if finished.IsZero() {
@@ -538,7 +486,7 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 	}
 	db := s.DB.WithContext(ctx)
 	upd := db.Model(&run).Clauses(clause.Returning{}).
-		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, RunRunning).
+		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, contract.RunRunning).
 		Select(cols).
 		Updates(&run)
 	if upd.Error != nil {
@@ -558,11 +506,11 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		return nil, fmt.Errorf("run %d belongs to another node: %w", runID, ErrForbidden)
 	case res.Attempt != cur.Attempt:
 		return nil, &ConflictError{Reason: fmt.Sprintf("run %d is at attempt %d, not %d", runID, cur.Attempt, res.Attempt)}
-	case cur.State == RunFailed && cur.ExitCode == nil:
+	case cur.State == contract.RunFailed && cur.ExitCode == nil:
 		// Failed without a report (timed out, agent lost): this result came
 		// too late to count.
 		return nil, &ConflictError{Reason: fmt.Sprintf("run %d already failed without a report (%s); this result is not awaited any more", runID, cur.Error)}
-	case RunFinal(cur.State):
+	case contract.RunFinal(cur.State):
 		return &RecordedResult{Run: &cur}, nil // a repeated report: nothing changes
 	default:
 		return nil, &ConflictError{Reason: fmt.Sprintf("run %d is %s, not running", runID, cur.State)}
@@ -576,26 +524,26 @@ func (s *Store) FailRun(ctx context.Context, runID int64, reason string, blocked
 	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		t := now()
 		if runID != 0 {
-			err := tx.Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{RunPending, RunRunning}).
-				Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": t, "updated_at": t}).Error
+			err := tx.Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{contract.RunPending, contract.RunRunning}).
+				Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": t, "updated_at": t}).Error
 			if err != nil {
 				return fmt.Errorf("fail run %d: %w", runID, err)
 			}
 		}
-		return setPending(tx, blocked, RunBlocked, "blocked: a run it depends on did not succeed")
+		return setPending(tx, blocked, contract.RunBlocked, "blocked: a run it depends on did not succeed")
 	})
 }
 
 // CancelRuns marks runs that have not started as cancelled.
 func (s *Store) CancelRuns(ctx context.Context, ids []int64, reason string) error {
-	return setPending(s.DB.WithContext(ctx), ids, RunCancelled, reason)
+	return setPending(s.DB.WithContext(ctx), ids, contract.RunCancelled, reason)
 }
 
 func setPending(tx *gorm.DB, ids []int64, state, reason string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	err := tx.Model(&TaskRun{}).Where("id IN ? AND state = ?", ids, RunPending).
+	err := tx.Model(&TaskRun{}).Where("id IN ? AND state = ?", ids, contract.RunPending).
 		Updates(map[string]any{"state": state, "error": reason, "updated_at": now()}).Error
 	if err != nil {
 		return fmt.Errorf("mark %d run(s) %s: %w", len(ids), state, err)
@@ -607,8 +555,8 @@ func setPending(tx *gorm.DB, ids []int64, state, reason string) error {
 // workflow itself ended abnormally, so that nothing stays running forever.
 func (s *Store) AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeID int64, reason string) error {
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).
-		Where("transaction_id = ? AND graph_index = ? AND node_id = ? AND state IN ?", id, gi, nodeID, []string{RunPending, RunRunning}).
-		Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
+		Where("transaction_id = ? AND graph_index = ? AND node_id = ? AND state IN ?", id, gi, nodeID, []string{contract.RunPending, contract.RunRunning}).
+		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
 	if err != nil {
 		return fmt.Errorf("abandon runs of node %d in %s: %w", nodeID, id, err)
 	}
@@ -618,8 +566,8 @@ func (s *Store) AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeI
 // SucceedNoOp marks a run that has nothing to execute as succeeded.
 func (s *Store) SucceedNoOp(ctx context.Context, runID int64) error {
 	t := now()
-	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{RunPending, RunRunning}).
-		Updates(map[string]any{"state": RunSucceeded, "started_at": t, "finished_at": t, "updated_at": t}).Error
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{contract.RunPending, contract.RunRunning}).
+		Updates(map[string]any{"state": contract.RunSucceeded, "started_at": t, "finished_at": t, "updated_at": t}).Error
 	if err != nil {
 		return fmt.Errorf("record no-op run %d: %w", runID, err)
 	}
@@ -630,7 +578,7 @@ func (s *Store) SucceedNoOp(ctx context.Context, runID int64) error {
 // timed out into a failure: the workflow moved on without it.
 func (s *Store) RejectLateResult(ctx context.Context, runID int64, attempt int, reason string) error {
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND attempt = ?", runID, attempt).
-		Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
+		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
 	if err != nil {
 		return fmt.Errorf("reject late result of run %d: %w", runID, err)
 	}
@@ -696,7 +644,7 @@ SELECT
   (SELECT coalesce(json_agg(address ORDER BY name), '[]')
    FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
      AND id <> ? AND alive AND address <> '') AS peers`,
-		run.TransactionID, RunSucceeded, run.NodeID, run.NodeID).Scan(&row).Error
+		run.TransactionID, contract.RunSucceeded, run.NodeID, run.NodeID).Scan(&row).Error
 	if err != nil {
 		return nil, fmt.Errorf("load the context of run %d: %w", run.ID, err)
 	}
@@ -713,8 +661,8 @@ SELECT
 // RejectRebootRun fails a reboot run whose node did not come back in time
 // (its agent had reported the reboot under way).
 func (s *Store) RejectRebootRun(ctx context.Context, runID int64, reason string) error {
-	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state = ?", runID, RunSucceeded).
-		Updates(map[string]any{"state": RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
+	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state = ?", runID, contract.RunSucceeded).
+		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
 	if err != nil {
 		return fmt.Errorf("fail reboot run %d: %w", runID, err)
 	}

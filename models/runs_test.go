@@ -10,6 +10,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 func TestCreateTransactionValidation(t *testing.T) {
@@ -64,15 +65,15 @@ func TestCreateTransactionValidation(t *testing.T) {
 func TestPlanGraph(t *testing.T) {
 	f := newFixture(t)
 	txn, gp := f.plan(t)
-	want := &models.GraphPlan{
+	want := &contract.GraphPlan{
 		GraphType: "deployment",
 		// ctl first: nova on cmp waits for db on ctl.
-		Nodes: []models.PlannedNode{
+		Nodes: []contract.PlannedNode{
 			{ID: f.ctl.ID, Name: ctlName, Runs: 2},
 			{ID: f.cmp.ID, Name: cmpName, Runs: 2},
 		},
 		Runs:             4,
-		MaxNodesInFlight: models.DefaultMaxNodesInFlight,
+		MaxNodesInFlight: contract.DefaultMaxNodesInFlight,
 		FailureThreshold: ptr(models.DefaultFailureThreshold),
 	}
 	assert.Equal(t, want, gp)
@@ -87,7 +88,7 @@ func TestPlanGraph(t *testing.T) {
 	runs := f.runsByLabel(t, txn)
 	require.Len(t, runs, 4)
 	setup := runs["setup@"+ctlName]
-	assert.Equal(t, models.RunPending, setup.State)
+	assert.Equal(t, contract.RunPending, setup.State)
 	assert.Equal(t, "shell", setup.TaskType)
 	assert.Equal(t, models.RunSpec{Jig: models.JigAgent, Cmd: "echo setup", TimeoutSec: 30, Retries: 2}, setup.Spec)
 	assert.Equal(t, models.DefaultTaskTimeoutSec, runs["db@"+ctlName].Spec.TimeoutSec)
@@ -113,7 +114,7 @@ func TestPlanGraph(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, mine, 2)
 	const ghostName = "ghost.anneal.test"
-	mine, err = f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: ghostName, State: models.RunPending})
+	mine, err = f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: ghostName, State: contract.RunPending})
 	require.NoError(t, err)
 	assert.Empty(t, mine)
 	_, err = f.store.Runs(f.ctx, uuid.New(), models.RunFilter{})
@@ -142,7 +143,7 @@ func TestPlanGraphFiltersAndDryRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, runs, 4)
 	for _, r := range runs {
-		assert.Equal(t, models.RunPlanned, r.State, "a dry run only records its plan")
+		assert.Equal(t, contract.RunPlanned, r.State, "a dry run only records its plan")
 	}
 	assert.Equal(t, 0, runs[0].GraphIndex)
 	assert.Equal(t, 1, runs[3].GraphIndex)
@@ -156,7 +157,7 @@ func TestPlanGraphFiltersAndDryRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, models.TxReady, st.Status)
 	assert.Equal(t, 100, st.Progress)
-	assert.Equal(t, map[string]int{models.RunPlanned: 4}, st.Counts)
+	assert.Equal(t, map[string]int{contract.RunPlanned: 4}, st.Counts)
 }
 
 func TestNodePlan(t *testing.T) {
@@ -169,12 +170,12 @@ func TestNodePlan(t *testing.T) {
 	cmp, err := f.store.NodePlan(f.ctx, txn.ID, 0, f.cmp.ID)
 	require.NoError(t, err)
 	require.Len(t, cmp.Runs, 2)
-	assert.Equal(t, models.NodeRun{ID: setupCmp.ID, Task: "setup", State: models.RunPending, TimeoutSec: 30, Retries: 2}, cmp.Runs[0])
-	assert.Equal(t, models.NodeRun{
-		ID: nova.ID, Task: "nova", State: models.RunPending, TimeoutSec: models.DefaultTaskTimeoutSec,
+	assert.Equal(t, contract.NodeRun{ID: setupCmp.ID, Task: "setup", State: contract.RunPending, TimeoutSec: 30, Retries: 2}, cmp.Runs[0])
+	assert.Equal(t, contract.NodeRun{
+		ID: nova.ID, Task: "nova", State: contract.RunPending, TimeoutSec: models.DefaultTaskTimeoutSec,
 		Parents: []int64{setupCmp.ID}, Remote: []int64{db.ID},
 	}, cmp.Runs[1])
-	assert.Equal(t, map[int64]string{db.ID: models.RunPending}, cmp.RemoteStates)
+	assert.Equal(t, map[int64]string{db.ID: contract.RunPending}, cmp.RemoteStates)
 
 	ctl, err := f.store.NodePlan(f.ctx, txn.ID, 0, f.ctl.ID)
 	require.NoError(t, err)
@@ -183,17 +184,17 @@ func TestNodePlan(t *testing.T) {
 	assert.Empty(t, ctl.Runs[0].Parents)
 	assert.Equal(t, []int64{setupCtl.ID}, ctl.Runs[1].Parents, "a local edge is listed once")
 	assert.Empty(t, ctl.Runs[1].Remote)
-	assert.Equal(t, []models.Peer{{RunID: nova.ID, Node: cmpName}}, ctl.Runs[1].RemoteKids)
+	assert.Equal(t, []contract.Peer{{RunID: nova.ID, Node: cmpName}}, ctl.Runs[1].RemoteKids)
 	assert.Empty(t, ctl.RemoteStates)
 
 	// A node workflow started late learns what its remote parents did.
 	require.NoError(t, f.store.SucceedNoOp(f.ctx, db.ID))
 	cmp, err = f.store.NodePlan(f.ctx, txn.ID, 0, f.cmp.ID)
 	require.NoError(t, err)
-	assert.Equal(t, map[int64]string{db.ID: models.RunSucceeded}, cmp.RemoteStates)
+	assert.Equal(t, map[int64]string{db.ID: contract.RunSucceeded}, cmp.RemoteStates)
 	states, err := f.store.RunStates(f.ctx, []int64{db.ID, nova.ID})
 	require.NoError(t, err)
-	assert.Equal(t, map[int64]string{db.ID: models.RunSucceeded, nova.ID: models.RunPending}, states)
+	assert.Equal(t, map[int64]string{db.ID: contract.RunSucceeded, nova.ID: contract.RunPending}, states)
 
 	none, err := f.store.NodePlan(f.ctx, txn.ID, 0, f.ctl.ID+f.cmp.ID+100)
 	require.NoError(t, err)
@@ -217,7 +218,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.Equal(t, setup.ID, claimed[0].ID)
-	assert.Equal(t, models.RunRunning, claimed[0].State)
+	assert.Equal(t, contract.RunRunning, claimed[0].State)
 	assert.Equal(t, 1, claimed[0].Attempt)
 	assert.Equal(t, "echo setup", claimed[0].Spec.Cmd)
 	assert.Equal(t, []byte("token-1"), claimed[0].TaskToken)
@@ -244,7 +245,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	run, err = f.store.DispatchRun(f.ctx, setup.ID, []byte("token-3"))
 	require.NoError(t, err)
-	assert.Equal(t, models.RunSucceeded, run.State)
+	assert.Equal(t, contract.RunSucceeded, run.State)
 	assert.Equal(t, 2, run.Attempt)
 	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID)
 	require.NoError(t, err)
@@ -284,11 +285,11 @@ func TestRecordRunResult(t *testing.T) {
 	rec, err := f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, ok)
 	require.NoError(t, err)
 	assert.True(t, rec.Changed)
-	assert.Equal(t, models.RunSucceeded, rec.Run.State)
+	assert.Equal(t, contract.RunSucceeded, rec.Run.State)
 
 	loaded, err := f.store.AgentRun(f.ctx, f.ctl.ID, setup.ID)
 	require.NoError(t, err)
-	assert.Equal(t, models.RunSucceeded, loaded.State)
+	assert.Equal(t, contract.RunSucceeded, loaded.State)
 	require.NotNil(t, loaded.ExitCode)
 	assert.Equal(t, 0, *loaded.ExitCode)
 	assert.Equal(t, "done", loaded.StdoutTail, "NUL bytes are stripped")
@@ -299,7 +300,7 @@ func TestRecordRunResult(t *testing.T) {
 	rec, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 9})
 	require.NoError(t, err)
 	assert.False(t, rec.Changed)
-	assert.Equal(t, models.RunSucceeded, rec.Run.State)
+	assert.Equal(t, contract.RunSucceeded, rec.Run.State)
 
 	// A failure by exit code and one by error message.
 	_, err = f.store.DispatchRun(f.ctx, db.ID, nil)
@@ -307,13 +308,13 @@ func TestRecordRunResult(t *testing.T) {
 	rec, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, db.ID, protocol.RunResult{Attempt: 1, ExitCode: 3})
 	require.NoError(t, err)
 	assert.True(t, rec.Changed)
-	assert.Equal(t, models.RunFailed, rec.Run.State)
+	assert.Equal(t, contract.RunFailed, rec.Run.State)
 	nova := runs["nova@"+cmpName]
 	_, err = f.store.DispatchRun(f.ctx, nova.ID, nil)
 	require.NoError(t, err)
 	rec, err = f.store.RecordRunResult(f.ctx, f.cmp.ID, nova.ID, protocol.RunResult{Attempt: 1, Error: "timed out"})
 	require.NoError(t, err)
-	assert.Equal(t, models.RunFailed, rec.Run.State)
+	assert.Equal(t, contract.RunFailed, rec.Run.State)
 
 	st, err := f.store.TransactionStatus(f.ctx, txn.ID)
 	require.NoError(t, err)
@@ -340,17 +341,17 @@ func TestFailRun(t *testing.T) {
 	// setup@ctl times out; only pending runs can be blocked by it.
 	require.NoError(t, f.store.FailRun(f.ctx, setupCtl.ID, "heartbeat timeout", []int64{db.ID, nova.ID, setupCmp.ID}))
 	got := f.runsByLabel(t, txn)
-	assert.Equal(t, models.RunFailed, got["setup@"+ctlName].State)
+	assert.Equal(t, contract.RunFailed, got["setup@"+ctlName].State)
 	assert.Equal(t, "heartbeat timeout", got["setup@"+ctlName].Error)
 	assert.NotNil(t, got["setup@"+ctlName].FinishedAt)
-	assert.Equal(t, models.RunBlocked, got["db@"+ctlName].State)
-	assert.Equal(t, models.RunBlocked, got["nova@"+cmpName].State)
-	assert.Equal(t, models.RunSucceeded, got["setup@"+cmpName].State, "a finished run is not blocked")
+	assert.Equal(t, contract.RunBlocked, got["db@"+ctlName].State)
+	assert.Equal(t, contract.RunBlocked, got["nova@"+cmpName].State)
+	assert.Equal(t, contract.RunSucceeded, got["setup@"+cmpName].State, "a finished run is not blocked")
 
 	// Failing a run that already ended changes nothing.
 	require.NoError(t, f.store.FailRun(f.ctx, setupCmp.ID, "late", nil))
 	got = f.runsByLabel(t, txn)
-	assert.Equal(t, models.RunSucceeded, got["setup@"+cmpName].State)
+	assert.Equal(t, contract.RunSucceeded, got["setup@"+cmpName].State)
 	assert.Empty(t, got["setup@"+cmpName].Error)
 
 	// Only blocking, without a run of its own to fail.
@@ -360,20 +361,20 @@ func TestFailRun(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.store.FailRun(f.ctx, 0, "", []int64{runs2["db@"+ctlName].ID, runs2["nova@"+cmpName].ID}))
 	got = f.runsByLabel(t, txn2)
-	assert.Equal(t, models.RunRunning, got["db@"+ctlName].State, "a running run is not blocked")
-	assert.Equal(t, models.RunBlocked, got["nova@"+cmpName].State)
+	assert.Equal(t, contract.RunRunning, got["db@"+ctlName].State, "a running run is not blocked")
+	assert.Equal(t, contract.RunBlocked, got["nova@"+cmpName].State)
 
 	require.NoError(t, f.store.CancelRuns(f.ctx, []int64{runs2["setup@"+cmpName].ID, runs2["nova@"+cmpName].ID}, "stopped"))
 	got = f.runsByLabel(t, txn2)
-	assert.Equal(t, models.RunCancelled, got["setup@"+cmpName].State)
-	assert.Equal(t, models.RunBlocked, got["nova@"+cmpName].State, "only pending runs are cancelled")
+	assert.Equal(t, contract.RunCancelled, got["setup@"+cmpName].State)
+	assert.Equal(t, contract.RunBlocked, got["nova@"+cmpName].State, "only pending runs are cancelled")
 
 	require.NoError(t, f.store.AbandonNodeRuns(f.ctx, txn2.ID, 0, f.ctl.ID, "node workflow terminated"))
 	got = f.runsByLabel(t, txn2)
-	assert.Equal(t, models.RunFailed, got["db@"+ctlName].State)
-	assert.Equal(t, models.RunFailed, got["setup@"+ctlName].State)
+	assert.Equal(t, contract.RunFailed, got["db@"+ctlName].State)
+	assert.Equal(t, contract.RunFailed, got["setup@"+ctlName].State)
 	assert.Equal(t, "node workflow terminated", got["setup@"+ctlName].Error)
-	assert.Equal(t, models.RunCancelled, got["setup@"+cmpName].State, "another node's runs are left alone")
+	assert.Equal(t, contract.RunCancelled, got["setup@"+cmpName].State, "another node's runs are left alone")
 }
 
 func TestFinishTransaction(t *testing.T) {
@@ -393,7 +394,7 @@ func TestFinishTransaction(t *testing.T) {
 		assert.Empty(t, st.Error)
 		assert.NotNil(t, st.FinishedAt)
 		assert.Equal(t, 100, st.Progress)
-		assert.Equal(t, map[string]int{models.RunSucceeded: 4}, st.Counts)
+		assert.Equal(t, map[string]int{contract.RunSucceeded: 4}, st.Counts)
 	})
 
 	t.Run("failed run makes error and leftovers are cancelled", func(t *testing.T) {
@@ -413,7 +414,7 @@ func TestFinishTransaction(t *testing.T) {
 		assert.Contains(t, st.Error, "1 run(s) failed, 1 blocked")
 		assert.Contains(t, st.Error, "setup@"+ctlName+": exit code 2")
 		assert.Equal(t, map[string]int{
-			models.RunSucceeded: 1, models.RunFailed: 1, models.RunBlocked: 1, models.RunCancelled: 1,
+			contract.RunSucceeded: 1, contract.RunFailed: 1, contract.RunBlocked: 1, contract.RunCancelled: 1,
 		}, st.Counts, "nova never ran: cancelled")
 		assert.Equal(t, 100, st.Progress)
 	})
@@ -426,7 +427,7 @@ func TestFinishTransaction(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, models.TxStopped, st.Status)
 		assert.Equal(t, "stopped by request", st.Error)
-		assert.Equal(t, map[string]int{models.RunSucceeded: 1, models.RunCancelled: 3}, st.Counts)
+		assert.Equal(t, map[string]int{contract.RunSucceeded: 1, contract.RunCancelled: 3}, st.Counts)
 	})
 
 	t.Run("fail reason wins", func(t *testing.T) {
@@ -480,9 +481,9 @@ func TestPlanGraphAgainReopensUnfinishedRuns(t *testing.T) {
 	assert.Empty(t, loaded.Error)
 	assert.Nil(t, loaded.FinishedAt)
 	got := f.runsByLabel(t, txn)
-	assert.Equal(t, models.RunSucceeded, got["setup@"+cmpName].State)
+	assert.Equal(t, contract.RunSucceeded, got["setup@"+cmpName].State)
 	for _, label := range []string{"setup@" + ctlName, "db@" + ctlName, "nova@" + cmpName} {
-		assert.Equal(t, models.RunPending, got[label].State, label)
+		assert.Equal(t, contract.RunPending, got[label].State, label)
 		assert.Empty(t, got[label].Error, label)
 		assert.Nil(t, got[label].ExitCode, label)
 		assert.Nil(t, got[label].FinishedAt, label)

@@ -17,18 +17,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
-)
-
-// Software deployment actions and statuses (Heat software config).
-const (
-	ActionDeploy   = "DEPLOY"
-	ActionRedeploy = "REDEPLOY"
-	ActionUndeploy = "UNDEPLOY"
-
-	SoftwareWaiting    = "WAITING"
-	SoftwareInProgress = "IN_PROGRESS"
-	SoftwareComplete   = "COMPLETE"
-	SoftwareFailed     = "FAILED"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // DefaultSoftwareGroup is the group of a config that names none: the
@@ -115,11 +104,6 @@ type storedSignal struct {
 	StatusCode   int            `json:"deploy_status_code"`
 	StatusReason string         `json:"deploy_status_reason,omitempty"`
 }
-
-// SoftwareWorkflowID is the readable workflow ID of a software deployment
-// (the API scopes it by its task queue when that is not the default one, so
-// that several installations or test stacks can share a namespace).
-func SoftwareWorkflowID(id int64) string { return "swd-" + strconv.FormatInt(id, 10) }
 
 var (
 	softwareGroupRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,99}$`)
@@ -394,11 +378,11 @@ func hasOutput(cfg *SoftwareConfig, name string) bool {
 
 func checkAction(action string, create bool) (string, error) {
 	if action == "" && create {
-		return ActionDeploy, nil
+		return contract.ActionDeploy, nil
 	}
 	switch a := strings.ToUpper(action); a {
-	case ActionDeploy, ActionRedeploy, ActionUndeploy:
-		if !create && a == ActionDeploy {
+	case contract.ActionDeploy, contract.ActionRedeploy, contract.ActionUndeploy:
+		if !create && a == contract.ActionDeploy {
 			return "", Invalid("action", "a new round is REDEPLOY or UNDEPLOY")
 		}
 		return a, nil
@@ -471,12 +455,12 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 		d = &SoftwareDeployment{
 			ConfigID: cfg.ID, NodeID: node.ID, DeploymentID: &origin, InputValues: in.InputValues,
 			ResolvedInputs: map[string]any{}, OutputValues: map[string]any{}, Action: action,
-			Status: SoftwareWaiting, TimeoutSec: in.TimeoutSec, Round: 1,
+			Status: contract.SoftwareWaiting, TimeoutSec: in.TimeoutSec, Round: 1,
 		}
 		if err := tx.Omit("version").Create(d).Error; err != nil {
 			return fmt.Errorf("create software deployment: %w", err)
 		}
-		d.WorkflowID = SoftwareWorkflowID(d.ID)
+		d.WorkflowID = contract.SoftwareWorkflowID(d.ID)
 		d.ServerName, d.Config = node.Name, &cfg
 		if err := start(d); err != nil { // may scope the workflow ID
 			return err
@@ -575,7 +559,7 @@ func (s *Store) UpdateSoftwareDeployment(ctx context.Context, id int64, up Softw
 			d.TimeoutSec = up.TimeoutSec
 		}
 		d.Round++
-		d.Action, d.Status, d.StatusReason = action, SoftwareWaiting, ""
+		d.Action, d.Status, d.StatusReason = action, contract.SoftwareWaiting, ""
 		err = tx.Exec(`UPDATE software_deployments SET round = ?, action = ?, status = ?, status_reason = '', input_values = ?,
 timeout_sec = ?, version = nextval('software_deployment_version_seq'), updated_at = now() WHERE id = ?`,
 			d.Round, d.Action, d.Status, swJSON(d.InputValues), d.TimeoutSec, id).Error
@@ -727,7 +711,7 @@ func (s *Store) AgentSoftwareVersion(ctx context.Context, nodeID int64) (int64, 
 // in progress and not yet signalled for their round.
 func (s *Store) AgentSoftwareDeployments(ctx context.Context, nodeID int64) ([]SoftwareDeployment, error) {
 	ds, err := scanSoftware(s.DB.WithContext(ctx),
-		"WHERE d.node_id = ? AND d.status = ? AND d.signaled_round < d.round ORDER BY d.id", nodeID, SoftwareInProgress)
+		"WHERE d.node_id = ? AND d.status = ? AND d.signaled_round < d.round ORDER BY d.id", nodeID, contract.SoftwareInProgress)
 	if err != nil {
 		return nil, fmt.Errorf("software deployments of node %d: %w", nodeID, err)
 	}
@@ -739,31 +723,12 @@ func (s *Store) AgentSoftwareDeployments(ctx context.Context, nodeID int64) ([]S
 // or it rolled back. Retrying tells which.
 var ErrRoundNotYetVisible = errors.New("not recorded (yet)")
 
-// SoftwarePrepared is what starting a round found.
-type SoftwarePrepared struct {
-	// Stale: the deployment has moved on to another round (or is gone).
-	Stale bool `json:"stale,omitempty"`
-	// Final: the round has already ended (Status says how).
-	Final  bool   `json:"final,omitempty"`
-	Status string `json:"status"`
-	// Ready: the round is IN_PROGRESS, handed to the node's agent.
-	Ready bool `json:"ready,omitempty"`
-	// WaitingFor lists referenced deployments that are not COMPLETE yet.
-	WaitingFor []int64 `json:"waiting_for,omitempty"`
-	// Failed explains why the round cannot start (a reference failed).
-	Failed       string   `json:"failed,omitempty"`
-	TimeoutSec   int      `json:"timeout_sec"`
-	ErrorOutputs []string `json:"error_outputs,omitempty"`
-	Node         string   `json:"node"`
-	Config       string   `json:"config"`
-}
-
 // PrepareSoftwareRound starts a round: it resolves get_attr references
 // (a reference to a deployment that is not COMPLETE yet makes the round
 // wait; a FAILED one fails it), fills defaults and marks the deployment
 // IN_PROGRESS, waking the node's agent. Idempotent.
-func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (*SoftwarePrepared, error) {
-	var p SoftwarePrepared
+func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (*contract.SoftwarePrepared, error) {
+	var p contract.SoftwarePrepared
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var d SoftwareDeployment
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
@@ -793,10 +758,10 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 		}
 		p.ErrorOutputs, p.Node, p.Config = cfg.ErrorOutputs(), node.Name, cfg.Name
 		switch d.Status {
-		case SoftwareComplete, SoftwareFailed:
+		case contract.SoftwareComplete, contract.SoftwareFailed:
 			p.Final = true
 			return nil
-		case SoftwareInProgress:
+		case contract.SoftwareInProgress:
 			p.Ready = true
 			return nil
 		}
@@ -832,10 +797,10 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 				return fmt.Errorf("load software deployment %d: %w", refID, err)
 			}
 			switch ref.Status {
-			case SoftwareFailed:
+			case contract.SoftwareFailed:
 				p.Failed = fmt.Sprintf("input %s: get_attr refers to software deployment %d, which FAILED (%s)", name, refID, ref.StatusReason)
 				return nil
-			case SoftwareComplete:
+			case contract.SoftwareComplete:
 			default:
 				if !slices.Contains(p.WaitingFor, refID) {
 					p.WaitingFor = append(p.WaitingFor, refID)
@@ -860,11 +825,11 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 		err = tx.Raw(`UPDATE software_deployments SET status = ?, status_reason = '', resolved_inputs = ?,
 version = nextval('software_deployment_version_seq'), updated_at = now()
 WHERE id = ? AND round = ? RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
-			SoftwareInProgress, swJSON(resolved), id, round, WorkChannel).Scan(&n).Error
+			contract.SoftwareInProgress, swJSON(resolved), id, round, WorkChannel).Scan(&n).Error
 		if err != nil {
 			return fmt.Errorf("start round %d of software deployment %d: %w", round, id, err)
 		}
-		p.Ready, p.Status = true, SoftwareInProgress
+		p.Ready, p.Status = true, contract.SoftwareInProgress
 		return nil
 	})
 	if err != nil {
@@ -889,7 +854,7 @@ output_values = CASE WHEN signaled_round = round THEN
 version = nextval('software_deployment_version_seq'), updated_at = now()
 WHERE id = ? AND round = ? AND status IN ?
 RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
-		status, stripNUL(reason), id, round, []string{SoftwareWaiting, SoftwareInProgress}, WorkChannel).Scan(&n).Error
+		status, stripNUL(reason), id, round, []string{contract.SoftwareWaiting, contract.SoftwareInProgress}, WorkChannel).Scan(&n).Error
 	if err != nil {
 		return false, fmt.Errorf("finish round %d of software deployment %d: %w", round, id, err)
 	}
@@ -901,20 +866,10 @@ type notifiedRow struct {
 	Notified bool
 }
 
-// SoftwareSignalSummary is what a deployment's workflow is told of the
-// agent's signal: the round, the status code and reason, and the non-empty
-// outputs (values cut to a short excerpt; the full values stay in Postgres).
-type SoftwareSignalSummary struct {
-	Round        int               `json:"round"`
-	StatusCode   int               `json:"status_code"`
-	StatusReason string            `json:"status_reason,omitempty"`
-	Present      map[string]string `json:"present,omitempty"`
-}
-
 // RecordedSignal says what RecordSoftwareSignal did.
 type RecordedSignal struct {
 	Deployment *SoftwareDeployment
-	Summary    SoftwareSignalSummary
+	Summary    contract.SoftwareSignalSummary
 	// Fresh is false when this round had been signalled before.
 	Fresh bool
 }
@@ -989,7 +944,7 @@ func (s *Store) RecordSoftwareSignal(ctx context.Context, nodeID, id int64, sig 
 		if d.SignaledRound == round {
 			return nil // repeated: the first signal stands
 		}
-		if d.Status != SoftwareInProgress {
+		if d.Status != contract.SoftwareInProgress {
 			return &ConflictError{Reason: fmt.Sprintf("software deployment %d round %d is %s, not IN_PROGRESS (%s)", id, round, d.Status, d.StatusReason)}
 		}
 		stored := storedSignal{Outputs: sig.Outputs, Stdout: stripNUL(sig.Stdout), Stderr: stripNUL(sig.Stderr),
@@ -1009,8 +964,8 @@ func (s *Store) RecordSoftwareSignal(ctx context.Context, nodeID, id int64, sig 
 	return &rec, nil
 }
 
-func summarize(round int, sig protocol.SoftwareSignal) SoftwareSignalSummary {
-	sum := SoftwareSignalSummary{Round: round, StatusCode: sig.StatusCode, StatusReason: excerpt(sig.StatusReason)}
+func summarize(round int, sig protocol.SoftwareSignal) contract.SoftwareSignalSummary {
+	sum := contract.SoftwareSignalSummary{Round: round, StatusCode: sig.StatusCode, StatusReason: excerpt(sig.StatusReason)}
 	if sig.StatusReason == "" {
 		sum.StatusReason = ""
 	}

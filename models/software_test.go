@@ -14,6 +14,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 func noStart(*models.SoftwareDeployment) error { return nil }
@@ -40,8 +41,8 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 		ConfigID: cfg.ID, Server: node.Name, InputValues: map[string]any{"b": 2.0},
 	}, noStart)
 	require.NoError(t, err)
-	assert.Equal(t, models.SoftwareWaiting, first.Status)
-	assert.Equal(t, models.ActionDeploy, first.Action)
+	assert.Equal(t, contract.SoftwareWaiting, first.Status)
+	assert.Equal(t, contract.ActionDeploy, first.Action)
 	assert.Equal(t, models.DefaultSoftwareTimeoutSec, first.TimeoutSec)
 
 	second, err := store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{
@@ -65,7 +66,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	assert.True(t, p.Ready)
 	got, err := store.SoftwareDeployment(ctx, first.ID)
 	require.NoError(t, err)
-	assert.Equal(t, models.SoftwareInProgress, got.Status)
+	assert.Equal(t, contract.SoftwareInProgress, got.Status)
 	assert.Equal(t, map[string]any{"a": "dflt", "b": 2.0}, got.ResolvedInputs)
 	pending, err := store.AgentSoftwareDeployments(ctx, node.ID)
 	require.NoError(t, err)
@@ -86,15 +87,15 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, pending, "a signalled round is not handed out again")
 
-	changed, err := store.FinishSoftwareRound(ctx, first.ID, 1, models.SoftwareComplete, "")
+	changed, err := store.FinishSoftwareRound(ctx, first.ID, 1, contract.SoftwareComplete, "")
 	require.NoError(t, err)
 	assert.True(t, changed)
-	changed, err = store.FinishSoftwareRound(ctx, first.ID, 1, models.SoftwareFailed, "late")
+	changed, err = store.FinishSoftwareRound(ctx, first.ID, 1, contract.SoftwareFailed, "late")
 	require.NoError(t, err)
 	assert.False(t, changed)
 	got, err = store.SoftwareDeployment(ctx, first.ID)
 	require.NoError(t, err)
-	assert.Equal(t, models.SoftwareComplete, got.Status)
+	assert.Equal(t, contract.SoftwareComplete, got.Status)
 	assert.Equal(t, "42", got.OutputValues["out"])
 	assert.Equal(t, "hi", got.OutputValues["deploy_stdout"])
 	v2, err := store.AgentSoftwareVersion(ctx, node.ID)
@@ -112,7 +113,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	up, err := store.UpdateSoftwareDeployment(ctx, first.ID, models.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
 	require.NoError(t, err)
 	assert.Equal(t, 2, up.Round)
-	assert.Equal(t, models.ActionUndeploy, up.Action)
+	assert.Equal(t, contract.ActionUndeploy, up.Action)
 	_, err = store.RecordSoftwareSignal(ctx, node.ID, first.ID, protocol.SoftwareSignal{Round: 1})
 	var ce *models.ConflictError
 	assert.ErrorAs(t, err, &ce)

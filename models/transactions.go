@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/models/plan"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // ExecuteInput is the body of POST /graphs/execute.
@@ -25,9 +26,6 @@ type ExecuteInput struct {
 	MaxNodesInFlight int
 	FailureThreshold *int
 }
-
-// WorkflowIDFor is the readable Temporal workflow ID of a transaction.
-func WorkflowIDFor(id uuid.UUID) string { return "tx-" + id.String() }
 
 // CreateTransaction validates an execute request completely (deployment,
 // graph types, node and task filters, and that every graph plans without a
@@ -97,7 +95,7 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 			ID: uuid.New(), DeploymentID: dep.ID, Graphs: in.Graphs, DryRun: in.DryRun, Force: in.Force,
 			Status: TxPending, Warnings: []string{},
 		}
-		txn.WorkflowID = WorkflowIDFor(txn.ID)
+		txn.WorkflowID = contract.TransactionWorkflowID(txn.ID.String())
 		if err := tx.Create(txn).Error; err != nil {
 			return fmt.Errorf("create transaction: %w", err)
 		}
@@ -112,7 +110,7 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 // checkValves validates the safety valves of a transaction or a graph.
 func checkValves(prefix string, maxNodes int, threshold *int) error {
 	if maxNodes < 0 {
-		return Invalid(prefix+"max_nodes_in_flight", "must be 0 (the default, %d) or more", DefaultMaxNodesInFlight)
+		return Invalid(prefix+"max_nodes_in_flight", "must be 0 (the default, %d) or more", contract.DefaultMaxNodesInFlight)
 	}
 	if threshold != nil && (*threshold < 0 || *threshold > 100) {
 		return Invalid(prefix+"failure_threshold", "must be a percentage from 0 to 100, not %d", *threshold)
@@ -234,7 +232,7 @@ func (s *Store) TransactionStatus(ctx context.Context, id uuid.UUID) (*Transacti
 	for state, n := range counts {
 		out.Counts[state] = n
 		out.Total += n
-		if RunFinal(state) {
+		if contract.RunFinal(state) {
 			done += n
 		}
 	}
@@ -265,7 +263,7 @@ func runCounts(db *gorm.DB, id uuid.UUID) (map[string]int, error) {
 func failedRuns(db *gorm.DB, id uuid.UUID, limit int) ([]string, error) {
 	var runs []TaskRun
 	err := db.Select("task_name", "node_name", "exit_code", "error", "graph_type").
-		Where("transaction_id = ? AND state = ?", id, RunFailed).Order("finished_at, id").Limit(limit).Find(&runs).Error
+		Where("transaction_id = ? AND state = ?", id, contract.RunFailed).Order("finished_at, id").Limit(limit).Find(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("list failed runs of %s: %w", id, err)
 	}
@@ -286,8 +284,8 @@ func failedRuns(db *gorm.DB, id uuid.UUID, limit int) ([]string, error) {
 func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped bool, failReason string) (*TransactionStatus, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Runs a stop or a failed plan left behind never ran.
-		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND state = ?", id, RunPending).
-			Updates(map[string]any{"state": RunCancelled, "error": "never started: the transaction ended first", "updated_at": now()}).Error; err != nil {
+		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND state = ?", id, contract.RunPending).
+			Updates(map[string]any{"state": contract.RunCancelled, "error": "never started: the transaction ended first", "updated_at": now()}).Error; err != nil {
 			return fmt.Errorf("cancel leftover runs of %s: %w", id, err)
 		}
 		counts, err := runCounts(tx, id)
@@ -300,13 +298,13 @@ func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped boo
 			status, msg = TxError, failReason
 		case stopped:
 			status, msg = TxStopped, "stopped by request"
-		case counts[RunFailed] > 0 || counts[RunBlocked] > 0 || counts[RunCancelled] > 0:
+		case counts[contract.RunFailed] > 0 || counts[contract.RunBlocked] > 0 || counts[contract.RunCancelled] > 0:
 			failed, err := failedRuns(tx, id, 10)
 			if err != nil {
 				return err
 			}
 			status = TxError
-			msg = fmt.Sprintf("%d run(s) failed, %d blocked, %d cancelled", counts[RunFailed], counts[RunBlocked], counts[RunCancelled])
+			msg = fmt.Sprintf("%d run(s) failed, %d blocked, %d cancelled", counts[contract.RunFailed], counts[contract.RunBlocked], counts[contract.RunCancelled])
 			if len(failed) > 0 {
 				msg += ": " + strings.Join(failed, "; ")
 			}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 const testDomain = "anneal.test"
@@ -159,11 +161,11 @@ func TestReassignRoleTags(t *testing.T) {
 
 func TestRunFinal(t *testing.T) {
 	final := map[string]bool{
-		RunPlanned: true, RunPending: false, RunRunning: false, RunSucceeded: true,
-		RunFailed: true, RunBlocked: true, RunSkipped: true, RunCancelled: true, "bogus": false,
+		contract.RunPlanned: true, contract.RunPending: false, contract.RunRunning: false, contract.RunSucceeded: true,
+		contract.RunFailed: true, contract.RunBlocked: true, contract.RunSkipped: true, contract.RunCancelled: true, "bogus": false,
 	}
 	for state, want := range final {
-		assert.Equal(t, want, RunFinal(state), state)
+		assert.Equal(t, want, contract.RunFinal(state), state)
 	}
 }
 

@@ -17,9 +17,9 @@ import (
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // agentRegister is the phone home: it creates the node and returns the
@@ -233,7 +233,7 @@ func (s *Server) agentRunHeartbeat(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if run.State != models.RunRunning {
+	if run.State != contract.RunRunning {
 		return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{Cancel: true})
 	}
 	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken)
@@ -267,16 +267,11 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	run := rec.Run
 	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
-	if run.State == models.RunSucceeded {
-		err = s.cfg.Temporal.CompleteActivity(ctx, run.TaskToken, activities.RunOutcome{ExitCode: res.ExitCode}, nil)
-	} else {
-		msg := fmt.Sprintf("task %s failed on %s with exit code %d", run.TaskName, run.NodeName, res.ExitCode)
-		if res.Error != "" {
-			msg = fmt.Sprintf("task %s failed on %s: %s", run.TaskName, run.NodeName, res.Error)
-		}
-		err = s.cfg.Temporal.CompleteActivity(ctx, run.TaskToken, nil,
-			temporal.NewApplicationError(msg, activities.ErrTypeTaskFailed, activities.RunOutcome{ExitCode: res.ExitCode}))
+	msg := fmt.Sprintf("task %s failed on %s with exit code %d", run.TaskName, run.NodeName, res.ExitCode)
+	if res.Error != "" {
+		msg = fmt.Sprintf("task %s failed on %s: %s", run.TaskName, run.NodeName, res.Error)
 	}
+	err = contract.CompleteRunOnNode(ctx, s.cfg.Temporal, run.TaskToken, run.State == contract.RunSucceeded, res.ExitCode, msg)
 	var notFound *serviceerror.NotFound
 	switch {
 	case errors.As(err, &notFound) && rec.Changed:

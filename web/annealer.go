@@ -5,11 +5,8 @@ import (
 	"fmt"
 	"net/http"
 
-	"go.temporal.io/api/enums/v1"
-	"go.temporal.io/sdk/client"
-
-	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // kickAnnealer wakes the annealer after a change it must see (a commit, a
@@ -18,7 +15,7 @@ import (
 // periodic fallback round finds the work. It returns a note for answers
 // that report it, nil when the kick went through.
 func (s *Server) kickAnnealer(ctx context.Context, reason string) map[string]any {
-	if err := activities.KickAnnealer(ctx, s.cfg.Temporal, s.cfg.TaskQueue, reason); err != nil {
+	if err := contract.KickAnnealer(ctx, s.cfg.Temporal, s.cfg.TaskQueue, reason); err != nil {
 		s.log.Warn("annealer not woken", "reason", reason, "error", err)
 		return map[string]any{"error": err.Error(),
 			"hint": "the change is saved; the annealer picks it up within 5 minutes, or at once when anything else wakes it"}
@@ -31,13 +28,7 @@ func (s *Server) kickAnnealer(ctx context.Context, reason string) map[string]any
 // not created when Temporal cannot be reached.
 func (s *Server) startBootstrap(ctx context.Context) func(*models.Node) error {
 	return func(node *models.Node) error {
-		id := activities.NodeBootstrapWorkflowID(s.cfg.TaskQueue, node.Name, node.ID)
-		_, err := s.cfg.Temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
-			ID: id, TaskQueue: s.cfg.TaskQueue,
-			// A node deleted and created again under its name starts anew.
-			WorkflowIDReusePolicy: enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
-			StaticSummary:         "default roles for " + node.Name,
-		}, activities.NodeBootstrapWorkflow, activities.NodeBootstrapInput{NodeID: node.ID, Node: node.Name})
+		err := contract.StartNodeBootstrap(ctx, s.cfg.Temporal, s.cfg.TaskQueue, contract.NodeBootstrapInput{NodeID: node.ID, Node: node.Name})
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "temporal_unavailable",
 				fmt.Sprintf("node %s not created: its bootstrap workflow could not start; nothing was recorded: %v", node.Name, err))

@@ -15,10 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/api/enums/v1"
 
-	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // The annealer under faults: an agent lost while it runs a noderole, the
@@ -57,16 +57,16 @@ func bootstrapID(t *testing.T, st *testenv.Stack, short string) string {
 	t.Helper()
 	node, err := st.Store.Node(t.Context(), nodeName(short))
 	require.NoError(t, err)
-	return activities.NodeBootstrapWorkflowID(st.TaskQueue, node.Name, node.ID)
+	return contract.NodeBootstrapWorkflowID(st.TaskQueue, node.Name, node.ID)
 }
 
 // bootstrapped waits for a node's NodeBootstrap workflow and returns what
 // it bound.
-func bootstrapped(t *testing.T, st *testenv.Stack, short string) models.BootstrapResult {
+func bootstrapped(t *testing.T, st *testenv.Stack, short string) contract.BootstrapResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	var res models.BootstrapResult
+	var res contract.BootstrapResult
 	id := bootstrapID(t, st, short)
 	require.NoError(t, st.Temporal.GetWorkflow(ctx, id, "").Get(ctx, &res), "bootstrap of %s", short)
 	return res
@@ -143,14 +143,14 @@ func TestAnnealerAgentLostMidRun(t *testing.T) {
 	assert.Equal(t, []int64{slowID}, nrs["after@l1"].Parents)
 
 	// The first run is under way on the node: the script sleeps.
-	slow := waitState(t, st, slowID, models.NodeRoleTransition, 60*time.Second)
+	slow := waitState(t, st, slowID, contract.NodeRoleTransition, 60*time.Second)
 	require.Eventually(t, func() bool {
 		_, err := os.Stat(marker)
 		return err == nil
 	}, 30*time.Second, 20*time.Millisecond, "the first run never started on the node")
 	slow = getNodeRole(t, st, slowID)
 	require.NotNil(t, slow.LastRun)
-	assert.Equal(t, models.RunRunning, slow.LastRun.State)
+	assert.Equal(t, contract.RunRunning, slow.LastRun.State)
 	assert.Equal(t, 1, slow.LastRun.Position, "run 1")
 
 	// The node dies: off the network, then its agent stops (killing the
@@ -158,15 +158,15 @@ func TestAnnealerAgentLostMidRun(t *testing.T) {
 	link.cut.Store(true)
 	killed := time.Now()
 	agent.Stop()
-	slow = waitState(t, st, slowID, models.NodeRoleError, 30*time.Second)
+	slow = waitState(t, st, slowID, contract.NodeRoleError, 30*time.Second)
 	took := time.Since(killed)
 	t.Logf("noderole in error %s after the node died", took.Round(time.Millisecond))
 	assert.Less(t, took, 20*time.Second, "failed by the heartbeat timeout (3s), not the run's timeout")
 	require.NotNil(t, slow.LastRun)
-	assert.Equal(t, models.RunFailed, slow.LastRun.State)
+	assert.Equal(t, contract.RunFailed, slow.LastRun.State)
 	assert.Contains(t, slow.LastRun.Error, "no result from the node's agent")
 	assert.Equal(t, 1, slow.RunCount)
-	neverRan(t, st, afterID, models.NodeRoleBlocked)
+	neverRan(t, st, afterID, contract.NodeRoleBlocked)
 
 	// The node comes back: its agent with the credential it stored (a new
 	// registration under the same name is refused), nothing else changed.
@@ -176,12 +176,12 @@ func TestAnnealerAgentLostMidRun(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(c.WorkDir, daemon.CredentialFile), cred, 0o600))
 	})
 	assert.Equal(t, agent.Token(t), back.Token(t))
-	neverRan(t, st, afterID, models.NodeRoleBlocked)
+	neverRan(t, st, afterID, contract.NodeRoleBlocked)
 
 	var retried models.NodeRole
 	status, body := st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/noderoles/%d/retry", slowID), nil, &retried)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	assert.Contains(t, []string{models.NodeRoleTodo, models.NodeRoleTransition}, retried.State)
+	assert.Contains(t, []string{contract.NodeRoleTodo, contract.NodeRoleTransition}, retried.State)
 
 	waitActive(t, st, "lost", "slow@l1", "after@l1")
 	slow = getNodeRole(t, st, slowID)
@@ -189,7 +189,7 @@ func TestAnnealerAgentLostMidRun(t *testing.T) {
 	assert.Equal(t, 2, slow.RunCount)
 	require.NotNil(t, slow.LastRun)
 	assert.Equal(t, 2, slow.LastRun.Position, "the retry is run 2")
-	assert.Equal(t, models.RunSucceeded, slow.LastRun.State)
+	assert.Equal(t, contract.RunSucceeded, slow.LastRun.State)
 	assert.Equal(t, map[string]any{"slow": map[string]any{"ok": true}}, slow.Wall)
 	assert.Equal(t, 1, after.RunCount, "the child ran once, after the retry")
 	before(t, slow, after)
@@ -228,7 +228,7 @@ func TestAnnealerWorkerGoneMidRun(t *testing.T) {
 	nrs := noderoles(t, st, "gone")
 	firstID, secondID := nrs["first@g1"].ID, nrs["second@g1"].ID
 
-	waitState(t, st, firstID, models.NodeRoleTransition, 60*time.Second)
+	waitState(t, st, firstID, contract.NodeRoleTransition, 60*time.Second)
 	require.Eventually(t, func() bool {
 		_, err := os.Stat(filepath.Join(agent.WorkDir, "started"))
 		return err == nil
@@ -241,14 +241,14 @@ func TestAnnealerWorkerGoneMidRun(t *testing.T) {
 	var first models.NodeRole
 	require.Eventually(t, func() bool {
 		first = getNodeRole(t, st, firstID)
-		return first.LastRun != nil && first.LastRun.State == models.RunSucceeded
+		return first.LastRun != nil && first.LastRun.State == contract.RunSucceeded
 	}, 30*time.Second, 50*time.Millisecond, "the agent's result was not stored without a worker")
 	assert.Equal(t, map[string]any{"done": true}, first.LastRun.AttrsOut)
 	time.Sleep(time.Second)
 	first = getNodeRole(t, st, firstID)
-	assert.Equal(t, models.NodeRoleTransition, first.State, "no worker, no finish")
+	assert.Equal(t, contract.NodeRoleTransition, first.State, "no worker, no finish")
 	assert.Equal(t, 0, first.RunCount)
-	neverRan(t, st, secondID, models.NodeRoleBlocked)
+	neverRan(t, st, secondID, contract.NodeRoleBlocked)
 
 	st.StartWorker(t)
 	waitActive(t, st, "gone", "first@g1", "second@g1")
@@ -314,7 +314,7 @@ func TestAdminNodeBootstrap(t *testing.T) {
 		desc, err := st.Temporal.DescribeWorkflowExecution(t.Context(), bootstrapID(t, st, short), "")
 		require.NoError(t, err)
 		assert.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, desc.GetWorkflowExecutionInfo().GetStatus(), short)
-		assert.Equal(t, activities.NodeBootstrapWorkflow, desc.GetWorkflowExecutionInfo().GetType().GetName())
+		assert.Equal(t, contract.NodeBootstrapWorkflow, desc.GetWorkflowExecutionInfo().GetType().GetName())
 	}
 
 	nrs := waitActive(t, st, models.SystemDeployment, "admin-base@admin", "admin-api@admin", "discovered@n1")
@@ -381,17 +381,17 @@ func TestAnnealerSkipsNodesNotAliveOrUnavailable(t *testing.T) {
 	// Every kick so far (the commit, s2's run, the provisioning) has been
 	// served, and the two others were passed over.
 	time.Sleep(2 * time.Second)
-	neverRan(t, st, nrs["work@s1"].ID, models.NodeRoleTodo)
-	neverRan(t, st, nrs["work@s3"].ID, models.NodeRoleTodo)
+	neverRan(t, st, nrs["work@s1"].ID, contract.NodeRoleTodo)
+	neverRan(t, st, nrs["work@s3"].ID, contract.NodeRoleTodo)
 
 	// Available again: the PATCH wakes the annealer (nothing else would
 	// for 5 minutes).
 	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("s1"), map[string]any{"available": true}, &node)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	waitState(t, st, nrs["work@s1"].ID, models.NodeRoleActive, 30*time.Second)
+	waitState(t, st, nrs["work@s1"].ID, contract.NodeRoleActive, 30*time.Second)
 	// s1's finish woke the annealer too; s3 is still passed over.
 	time.Sleep(2 * time.Second)
-	neverRan(t, st, nrs["work@s3"].ID, models.NodeRoleTodo)
+	neverRan(t, st, nrs["work@s3"].ID, contract.NodeRoleTodo)
 	s3, err := st.Store.Node(t.Context(), nodeName("s3"))
 	require.NoError(t, err)
 	require.False(t, s3.Alive)
@@ -399,7 +399,7 @@ func TestAnnealerSkipsNodesNotAliveOrUnavailable(t *testing.T) {
 	// s3 back on the network: its next heartbeat (every second in tests)
 	// makes it alive and wakes the annealer.
 	link.cut.Store(false)
-	waitState(t, st, nrs["work@s3"].ID, models.NodeRoleActive, 30*time.Second)
+	waitState(t, st, nrs["work@s3"].ID, contract.NodeRoleActive, 30*time.Second)
 	s3, err = st.Store.Node(t.Context(), nodeName("s3"))
 	require.NoError(t, err)
 	assert.True(t, s3.Alive)

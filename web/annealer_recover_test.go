@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // slowRelease has one role whose run takes long enough to be interrupted.
@@ -40,12 +40,12 @@ func TestAnnealerRecoversATerminatedRun(t *testing.T) {
 	var nr models.NodeRole
 	require.Eventually(t, func() bool {
 		nr = noderoles(t, st, "slowdep")["slow@r1"]
-		return nr.State == models.NodeRoleTransition
+		return nr.State == contract.NodeRoleTransition
 	}, 30*time.Second, 100*time.Millisecond)
 	ctx := t.Context()
-	runID := activities.NodeRoleWorkflowID(st.TaskQueue, nr.ID, 1)
+	runID := contract.NodeRoleWorkflowID(st.TaskQueue, nr.ID, 1)
 	require.NoError(t, st.Temporal.TerminateWorkflow(ctx, runID, "", "operator gave up on it"))
-	require.NoError(t, st.Temporal.TerminateWorkflow(ctx, activities.AnnealerWorkflowID(st.TaskQueue), "", "operator restarts the annealer"))
+	require.NoError(t, st.Temporal.TerminateWorkflow(ctx, contract.AnnealerWorkflowID(st.TaskQueue), "", "operator restarts the annealer"))
 
 	// Any kick starts a fresh annealer; committing an unchanged snapshot is one.
 	var snap models.Snapshot
@@ -55,7 +55,7 @@ func TestAnnealerRecoversATerminatedRun(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "%s", body)
 
 	require.Eventually(t, func() bool {
-		return getNodeRole(t, st, nr.ID).State == models.NodeRoleError
+		return getNodeRole(t, st, nr.ID).State == contract.NodeRoleError
 	}, 30*time.Second, 100*time.Millisecond, "the terminated run was never noticed")
 	got := getNodeRole(t, st, nr.ID)
 	require.NotNil(t, got.LastRun)

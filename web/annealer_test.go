@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/scenarios"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // noderoles lists the noderoles of a deployment's committed snapshot by
@@ -51,11 +51,11 @@ func waitActive(t *testing.T, st *testenv.Stack, deployment string, keys ...stri
 			if !ok {
 				return false
 			}
-			if nr.State == models.NodeRoleError {
+			if nr.State == contract.NodeRoleError {
 				full := getNodeRole(t, st, nr.ID)
 				t.Fatalf("noderole %s failed: %+v", k, full.LastRun)
 			}
-			if nr.State != models.NodeRoleActive {
+			if nr.State != contract.NodeRoleActive {
 				return false
 			}
 		}
@@ -216,9 +216,9 @@ func TestAnnealerGrowsTheSampleDeployment(t *testing.T) {
 	assert.Equal(t, map[string]int{"proposed": 0, "todo": 0, "blocked": 0, "transition": 0, "active": 10, "error": 0},
 		depStatus.NodeRoles, "the deployment shows the annealer's progress")
 	recordHistories(t, st, map[string]string{
-		"noderole-run":   activities.NodeRoleWorkflowID(st.TaskQueue, db.ID, 1),
+		"noderole-run":   contract.NodeRoleWorkflowID(st.TaskQueue, db.ID, 1),
 		"node-bootstrap": bootstrapID(t, st, "n1"),
-		"annealer":       activities.AnnealerWorkflowID(st.TaskQueue),
+		"annealer":       contract.AnnealerWorkflowID(st.TaskQueue),
 	})
 	// The old snapshot is archived, one linear history.
 	var hist []models.Snapshot

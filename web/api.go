@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 func (s *Server) listNodes(c echo.Context) error {
@@ -283,8 +284,8 @@ func (s *Server) getTransaction(c echo.Context) error {
 	return c.JSON(http.StatusOK, st)
 }
 
-var runStates = []string{models.RunPlanned, models.RunPending, models.RunRunning, models.RunSucceeded,
-	models.RunFailed, models.RunBlocked, models.RunSkipped, models.RunCancelled}
+var runStates = []string{contract.RunPlanned, contract.RunPending, contract.RunRunning, contract.RunSucceeded,
+	contract.RunFailed, contract.RunBlocked, contract.RunSkipped, contract.RunCancelled}
 
 func (s *Server) listRuns(c echo.Context) error {
 	id, err := uuidParam(c)

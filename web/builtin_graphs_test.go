@@ -12,6 +12,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // TestBuiltinGraphs runs the built-in provision, verification and deletion
@@ -47,7 +48,7 @@ func TestBuiltinGraphs(t *testing.T) {
 	require.Equal(t, models.TxError, tx.Status)
 	runs = runsByKey(t, st, ans.TaskUUID, "")
 	check = runs["check-peers@"+nodeName("ctl")]
-	assert.Equal(t, models.RunFailed, check.State)
+	assert.Equal(t, contract.RunFailed, check.State)
 	assert.Contains(t, check.StderrTail, "cannot reach "+agents["c2"].Address)
 	assert.Equal(t, agents["c2"].Address, check.Outputs["unreachable"])
 

@@ -15,6 +15,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // TestStopThroughTheAPI: POST /stop lets the running task finish, cancels
@@ -24,15 +25,15 @@ func TestStopThroughTheAPI(t *testing.T) {
 	setup(t, st, map[string][]string{"ctl": {"controller"}})
 	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "slow"}}})
 	require.Eventually(t, func() bool {
-		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == models.RunRunning
+		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == contract.RunRunning
 	}, 20*time.Second, 50*time.Millisecond)
 	status, body := st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/stop", nil, nil)
 	require.Equal(t, http.StatusAccepted, status, "%s", body)
 	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
 	assert.Equal(t, models.TxStopped, tx.Status)
 	runs := runsByKey(t, st, ans.TaskUUID, "")
-	assert.Equal(t, models.RunSucceeded, runs["long@"+nodeName("ctl")].State)
-	assert.Equal(t, models.RunCancelled, runs["next@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunSucceeded, runs["long@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunCancelled, runs["next@"+nodeName("ctl")].State)
 	status, _ = st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/stop", nil, nil)
 	assert.Equal(t, http.StatusConflict, status)
 }
@@ -55,7 +56,7 @@ func TestRetryResumesFromTheFailedTask(t *testing.T) {
 	require.Equal(t, models.TxReady, tx.Status, tx.Error)
 	runs := runsByKey(t, st, ans.TaskUUID, "")
 	for _, task := range []string{"prepare", "needs-fix", "after-fix"} {
-		assert.Equal(t, models.RunSucceeded, runs[task+"@"+nodeName("ctl")].State, task)
+		assert.Equal(t, contract.RunSucceeded, runs[task+"@"+nodeName("ctl")].State, task)
 	}
 	prepared, err := os.ReadFile(filepath.Join(agents["ctl"].WorkDir, "prepared"))
 	require.NoError(t, err)
@@ -78,10 +79,10 @@ func TestFailureThresholdStopsTheOtherNodes(t *testing.T) {
 	assert.Equal(t, models.TxError, tx.Status)
 	assert.Contains(t, tx.Error, "failure threshold of 0%")
 	runs := runsByKey(t, st, ans.TaskUUID, "")
-	assert.Equal(t, models.RunFailed, runs["boom@"+nodeName("bad")].State)
+	assert.Equal(t, contract.RunFailed, runs["boom@"+nodeName("bad")].State)
 	for _, n := range []string{"c1", "c2"} {
-		assert.Equal(t, models.RunSucceeded, runs["slow@"+nodeName(n)].State, n)
-		assert.Equal(t, models.RunCancelled, runs["after-slow@"+nodeName(n)].State, n)
+		assert.Equal(t, contract.RunSucceeded, runs["slow@"+nodeName(n)].State, n)
+		assert.Equal(t, contract.RunCancelled, runs["after-slow@"+nodeName(n)].State, n)
 	}
 
 	status, body := st.Do(t, http.MethodPost, "/api/v1/graphs/execute",
@@ -148,7 +149,7 @@ func TestFuelClientFlags(t *testing.T) {
 	assert.ElementsMatch(t, []string{"base", "database", "api", "prepare", "needs-fix", "after-fix"}, taskNames(runs),
 		"only the controller's tasks: the compute node is not in --nodes")
 	for _, r := range runs {
-		assert.Equal(t, models.RunPlanned, r.State, "a dry run touches no node")
+		assert.Equal(t, contract.RunPlanned, r.State, "a dry run touches no node")
 	}
 
 	// --task-names runs only those tasks (fuel2's default graph type).
@@ -183,9 +184,9 @@ func TestSpecialTasks(t *testing.T) {
 	runs := runsByKey(t, st, ans.TaskUUID, "")
 	ctl := nodeName("ctl")
 	assert.Equal(t, "600\n", runs["check@"+ctl].StdoutTail, "the uploaded file, copied by sync, with its mode")
-	assert.Equal(t, models.RunSkipped, runs["not-now@"+ctl].State)
+	assert.Equal(t, contract.RunSkipped, runs["not-now@"+ctl].State)
 	master := runs["on-master@"+ctl]
-	assert.Equal(t, models.RunSucceeded, master.State)
+	assert.Equal(t, contract.RunSucceeded, master.State)
 	assert.Contains(t, master.StdoutTail, "node="+ctl+" roles=controller")
 	assert.Equal(t, map[string]string{"seen": ctl}, master.Outputs)
 	_, err := os.Stat(filepath.Join(agents["ctl"].WorkDir, "backup", "conf", "app.conf"))
@@ -226,7 +227,7 @@ func TestReboot(t *testing.T) {
 	st.Do(t, http.MethodGet, "/api/v1/nodes/"+nodeName("ctl"), nil, &after)
 	assert.NotEqual(t, before.BootID, after.BootID, "the node came back with a new boot id")
 	runs := runsByKey(t, st, ans.TaskUUID, "")
-	assert.Equal(t, models.RunSucceeded, runs["after-reboot@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunSucceeded, runs["after-reboot@"+nodeName("ctl")].State)
 
 	// A machine whose reboot command does not reboot it never comes back.
 	st2 := testenv.NewStack(t, testenv.Options{})
@@ -240,9 +241,9 @@ func TestReboot(t *testing.T) {
 	tx = waitDone(t, st2, ans.TaskUUID, 30*time.Second)
 	require.Equal(t, models.TxError, tx.Status)
 	runs = runsByKey(t, st2, ans.TaskUUID, "")
-	assert.Equal(t, models.RunFailed, runs["restart@"+nodeName("stuck")].State)
+	assert.Equal(t, contract.RunFailed, runs["restart@"+nodeName("stuck")].State)
 	assert.Contains(t, runs["restart@"+nodeName("stuck")].Error, "did not come back with a new boot id within 3s")
-	assert.Equal(t, models.RunBlocked, runs["after-reboot@"+nodeName("stuck")].State)
+	assert.Equal(t, contract.RunBlocked, runs["after-reboot@"+nodeName("stuck")].State)
 }
 
 // TestConcurrencyCapWithCrossNodeDependencies: with one node in flight, a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // crowRelease is a Crowbar-style release: base is implicit, db requires it.
@@ -159,11 +160,11 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	var nr models.NodeRole
 	status, body = st.Do(t, http.MethodGet, path, nil, &nr)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	assert.Equal(t, models.NodeRoleTransition, nr.State)
+	assert.Equal(t, contract.NodeRoleTransition, nr.State)
 	require.NotNil(t, nr.LastRun, "%s", body)
 	assert.Equal(t, plan.RunID, nr.LastRun.ID)
 	assert.Equal(t, 1, nr.LastRun.Position)
-	assert.Equal(t, models.RunPending, nr.LastRun.State)
+	assert.Equal(t, contract.RunPending, nr.LastRun.State)
 	assert.Equal(t, "pool", nr.LastRun.AttrsIn["ntp"], "%s", body)
 	assert.Nil(t, nr.LastRun.ExitCode)
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // testRelease has a controller (database + api) and compute nodes whose
@@ -238,7 +239,7 @@ func TestExecuteThreeNodes(t *testing.T) {
 	runs := runsByKey(t, st, ans.TaskUUID, "")
 	require.Len(t, runs, 9)
 	for _, n := range []string{"ctl", "cmp", "odd"} {
-		assert.Equal(t, models.RunSucceeded, runs["base@"+nodeName(n)].State, n)
+		assert.Equal(t, contract.RunSucceeded, runs["base@"+nodeName(n)].State, n)
 	}
 	db := runs["database@"+nodeName("ctl")]
 	assert.Equal(t, map[string]string{"dsn": "pg://" + nodeName("ctl") + "/app"}, db.Outputs)
@@ -246,16 +247,16 @@ func TestExecuteThreeNodes(t *testing.T) {
 	assert.Contains(t, api.StdoutTail, "api up")
 	for _, n := range []string{"cmp", "odd"} {
 		hv := runs["hypervisor@"+nodeName(n)]
-		require.Equal(t, models.RunSucceeded, hv.State, n)
+		require.Equal(t, contract.RunSucceeded, hv.State, n)
 		require.NotNil(t, hv.StartedAt)
 		assert.False(t, hv.StartedAt.Before(*api.FinishedAt), "hypervisor on %s started before the api finished", n)
 	}
 	fails := runs["fails@"+nodeName("odd")]
-	assert.Equal(t, models.RunFailed, fails.State)
+	assert.Equal(t, contract.RunFailed, fails.State)
 	require.NotNil(t, fails.ExitCode)
 	assert.Equal(t, 3, *fails.ExitCode)
 	assert.Contains(t, fails.StderrTail, "about to fail")
-	assert.Equal(t, models.RunBlocked, runs["after-fails@"+nodeName("odd")].State)
+	assert.Equal(t, contract.RunBlocked, runs["after-fails@"+nodeName("odd")].State)
 
 	// The graph's callbacks set the nodes' status (Fuel's "ready" is
 	// stored as deployed; "error" is computed from error_type).
@@ -311,7 +312,7 @@ func TestAgentSeesOnlyItsOwnNode(t *testing.T) {
 	status, body = testenv.Call(t, http.MethodPost, fmt.Sprintf("%s/api/v1/agent/runs/%d/result", st.URL, ctlRun.ID), own, report, nil)
 	assert.Equal(t, http.StatusOK, status, "%s", body)
 	again := runsByKey(t, st, ans.TaskUUID, "")["api@"+nodeName("ctl")]
-	assert.Equal(t, models.RunSucceeded, again.State)
+	assert.Equal(t, contract.RunSucceeded, again.State)
 	require.NotNil(t, again.ExitCode)
 	assert.Equal(t, 0, *again.ExitCode)
 	// An agent's credential opens no operator route, and an operator token
@@ -339,10 +340,10 @@ func TestDeadAgentFailsTheRun(t *testing.T) {
 	assert.Equal(t, models.TxError, tx.Status)
 	runs := runsByKey(t, st, ans.TaskUUID, "")
 	base := runs["base@"+nodeName("cmp")]
-	assert.Equal(t, models.RunFailed, base.State)
+	assert.Equal(t, contract.RunFailed, base.State)
 	assert.Contains(t, base.Error, "no result from the node's agent")
-	assert.Equal(t, models.RunBlocked, runs["hypervisor@"+nodeName("cmp")].State)
-	assert.Equal(t, models.RunSucceeded, runs["api@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunBlocked, runs["hypervisor@"+nodeName("cmp")].State)
+	assert.Equal(t, contract.RunSucceeded, runs["api@"+nodeName("ctl")].State)
 }
 
 // TestCancelWithTemporal: cancelling the workflow (what `temporal workflow
@@ -353,15 +354,15 @@ func TestCancelWithTemporal(t *testing.T) {
 	setup(t, st, map[string][]string{"ctl": {"controller"}})
 	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "slow"}}})
 	require.Eventually(t, func() bool {
-		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == models.RunRunning
+		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == contract.RunRunning
 	}, 20*time.Second, 50*time.Millisecond)
 	require.NoError(t, st.Temporal.CancelWorkflow(context.Background(), ans.WorkflowID, ""))
 	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
 	assert.Equal(t, models.TxStopped, tx.Status)
 	runs := runsByKey(t, st, ans.TaskUUID, "")
-	assert.Equal(t, models.RunSucceeded, runs["long@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunSucceeded, runs["long@"+nodeName("ctl")].State)
 	assert.Contains(t, runs["long@"+nodeName("ctl")].StdoutTail, "finished anyway")
-	assert.Equal(t, models.RunCancelled, runs["next@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunCancelled, runs["next@"+nodeName("ctl")].State)
 }
 
 // TestExecuteBadInput: bad requests get a 4xx naming the field, and nothing
@@ -439,7 +440,7 @@ func TestRetryWithTemporalReset(t *testing.T) {
 	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "fixable"}}})
 	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
 	require.Equal(t, models.TxError, tx.Status)
-	require.Equal(t, models.RunBlocked, runsByKey(t, st, ans.TaskUUID, "")["after-fix@"+nodeName("ctl")].State)
+	require.Equal(t, contract.RunBlocked, runsByKey(t, st, ans.TaskUUID, "")["after-fix@"+nodeName("ctl")].State)
 
 	require.NoError(t, os.WriteFile(filepath.Join(agents["ctl"].WorkDir, "fixed"), nil, 0o644))
 	ctx := context.Background()
@@ -466,8 +467,8 @@ func TestRetryWithTemporalReset(t *testing.T) {
 		return cur.Status == models.TxReady
 	}, 30*time.Second, 100*time.Millisecond)
 	runs := runsByKey(t, st, ans.TaskUUID, "")
-	assert.Equal(t, models.RunSucceeded, runs["needs-fix@"+nodeName("ctl")].State)
-	assert.Equal(t, models.RunSucceeded, runs["after-fix@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunSucceeded, runs["needs-fix@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunSucceeded, runs["after-fix@"+nodeName("ctl")].State)
 }
 
 // recordHistories writes the histories of a finished transaction and of
@@ -500,16 +501,16 @@ func TestWorkerGoneMidRun(t *testing.T) {
 	setup(t, st, map[string][]string{"ctl": {"controller"}})
 	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "slow"}}})
 	require.Eventually(t, func() bool {
-		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == models.RunRunning
+		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == contract.RunRunning
 	}, 20*time.Second, 50*time.Millisecond)
 	st.StopWorker()
 	// The task finishes and is reported while no worker runs.
 	require.Eventually(t, func() bool {
-		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == models.RunSucceeded
+		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == contract.RunSucceeded
 	}, 20*time.Second, 100*time.Millisecond)
-	assert.Equal(t, models.RunPending, runsByKey(t, st, ans.TaskUUID, "")["next@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunPending, runsByKey(t, st, ans.TaskUUID, "")["next@"+nodeName("ctl")].State)
 	st.StartWorker(t)
 	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
 	assert.Equal(t, models.TxReady, tx.Status)
-	assert.Equal(t, models.RunSucceeded, runsByKey(t, st, ans.TaskUUID, "")["next@"+nodeName("ctl")].State)
+	assert.Equal(t, contract.RunSucceeded, runsByKey(t, st, ans.TaskUUID, "")["next@"+nodeName("ctl")].State)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/scenarios"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // scenarioErr is the API's error envelope.
@@ -97,7 +98,7 @@ func TestScenarioSelectedByExpression(t *testing.T) {
 			byGraph[r.GraphIndex] = map[string]bool{}
 		}
 		byGraph[r.GraphIndex][r.NodeName] = true
-		assert.Equal(t, models.RunSucceeded, r.State, "%s@%s", r.TaskName, r.NodeName)
+		assert.Equal(t, contract.RunSucceeded, r.State, "%s@%s", r.TaskName, r.NodeName)
 	}
 	assert.Equal(t, map[string]bool{nodeName("cmp1"): true, nodeName("cmp2"): true}, byGraph[0], "act 1: compute nodes only")
 	assert.Equal(t, map[string]bool{nodeName("ctl"): true}, byGraph[1], "act 3: the controller only")
@@ -113,7 +114,7 @@ func TestScenarioSelectedByExpression(t *testing.T) {
 	tx = waitDone(t, st, ans.TaskUUID, 60*time.Second)
 	assert.True(t, tx.DryRun)
 	for key, r := range runsByKey(t, st, ans.TaskUUID, "") {
-		assert.Equal(t, models.RunPlanned, r.State, key)
+		assert.Equal(t, contract.RunPlanned, r.State, key)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // snapRelease is a Crowbar-style release: base is implicit, db requires
@@ -68,7 +69,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	var db models.NodeRole
 	status, body = st.Do(t, http.MethodPost, bindPath, map[string]any{"node": nodeName("a1"), "role": "db"}, &db)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
-	assert.Equal(t, models.NodeRoleProposed, db.State)
+	assert.Equal(t, contract.NodeRoleProposed, db.State)
 	assert.Equal(t, "db", db.RoleName)
 	assert.Equal(t, map[string]any{"port": float64(5432)}, db.UserData)
 	require.Len(t, db.Parents, 1, "base bound implicitly")
@@ -155,22 +156,22 @@ func TestSnapshotsAPI(t *testing.T) {
 	// the noderole shows why.
 	require.Eventually(t, func() bool {
 		got = getNodeRole(t, st, db.ID)
-		return got.State == models.NodeRoleError
+		return got.State == contract.NodeRoleError
 	}, 60*time.Second, 200*time.Millisecond, "db never failed")
 	require.NotNil(t, got.LastRun)
 	require.NotNil(t, got.LastRun.ExitCode)
 	assert.Equal(t, 3, *got.LastRun.ExitCode)
 	assert.Contains(t, got.LastRun.StderrTail, "no disk for the database")
-	assert.Equal(t, models.NodeRoleActive, getNodeRole(t, st, db.Parents[0]).State)
-	assert.Equal(t, models.NodeRoleBlocked, getNodeRole(t, st, api.ID).State)
+	assert.Equal(t, contract.NodeRoleActive, getNodeRole(t, st, db.Parents[0]).State)
+	assert.Equal(t, contract.NodeRoleBlocked, getNodeRole(t, st, api.ID).State)
 	// A retry is one call: db goes back to todo (and the annealer runs it
 	// again).
 	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/noderoles/%d/retry", db.ID), nil, &got)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	assert.Equal(t, models.NodeRoleTodo, got.State)
+	assert.Equal(t, contract.NodeRoleTodo, got.State)
 	require.Eventually(t, func() bool {
 		got = getNodeRole(t, st, db.ID)
-		return got.State == models.NodeRoleError && got.RunCount == 2
+		return got.State == contract.NodeRoleError && got.RunCount == 2
 	}, 60*time.Second, 200*time.Millisecond, "db never ran again")
 
 	status, _ = st.Do(t, http.MethodGet, "/api/v1/snapshots/999999", nil, nil)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // softwareRoutes serves Heat's software configs and deployments to
@@ -154,7 +154,7 @@ func (s *Server) startSoftwareRound(ctx context.Context, d *models.SoftwareDeplo
 		cfgName = d.Config.Name
 	}
 	if !replace && s.cfg.TaskQueue != "" && s.cfg.TaskQueue != "anneal" {
-		d.WorkflowID = s.cfg.TaskQueue + "/" + models.SoftwareWorkflowID(d.ID)
+		d.WorkflowID = s.cfg.TaskQueue + "/" + contract.SoftwareWorkflowID(d.ID)
 	}
 	opts := client.StartWorkflowOptions{
 		ID:        d.WorkflowID,
@@ -169,8 +169,8 @@ func (s *Server) startSoftwareRound(ctx context.Context, d *models.SoftwareDeplo
 	if replace {
 		opts.WorkflowIDConflictPolicy = enumspb.WORKFLOW_ID_CONFLICT_POLICY_TERMINATE_EXISTING
 	}
-	in := workflows.SoftwareInput{DeploymentID: d.ID, Round: d.Round, Action: d.Action}
-	if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.SoftwareDeploymentWorkflow, in); err != nil {
+	in := contract.SoftwareInput{DeploymentID: d.ID, Round: d.Round, Action: d.Action}
+	if err := contract.StartSoftwareRound(ctx, s.cfg.Temporal, opts, in); err != nil {
 		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the software deployment workflow; nothing was recorded: "+err.Error())
 	}
 	return nil
@@ -366,10 +366,10 @@ func (s *Server) agentSoftwareSignal(c echo.Context) error {
 	}
 	d := rec.Deployment
 	log := s.log.With("software_deployment", d.ID, "round", rec.Summary.Round, "workflow_id", d.WorkflowID)
-	if d.Status == models.SoftwareInProgress {
+	if d.Status == contract.SoftwareInProgress {
 		// Sent again for a repeated signal too: the first send may have
 		// failed; the workflow takes only the first one of its round.
-		err := s.cfg.Temporal.SignalWorkflow(ctx, d.WorkflowID, "", workflows.SignalSoftware, rec.Summary)
+		err := contract.SignalSoftwareDeployment(ctx, s.cfg.Temporal, d.WorkflowID, rec.Summary)
 		var nf *serviceerror.NotFound
 		switch {
 		case errors.As(err, &nf):

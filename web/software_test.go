@@ -14,6 +14,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 type swConfig struct {
@@ -58,7 +59,7 @@ func waitSoftware(t *testing.T, st *testenv.Stack, id int64) swDeployment {
 	var d swDeployment
 	require.Eventually(t, func() bool {
 		status, _ := st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/software_deployments/%d", id), nil, &d)
-		return status == http.StatusOK && (d.Status == models.SoftwareComplete || d.Status == models.SoftwareFailed)
+		return status == http.StatusOK && (d.Status == contract.SoftwareComplete || d.Status == contract.SoftwareFailed)
 	}, 60*time.Second, 100*time.Millisecond, "software deployment %d did not finish", id)
 	return d
 }
@@ -91,7 +92,7 @@ exit 0`,
 	assert.True(t, strings.HasSuffix(first.WorkflowID, fmt.Sprintf("swd-%d", first.ID)), first.WorkflowID)
 	assert.Equal(t, "DEPLOY", first.Action)
 	d := waitSoftware(t, st, first.ID)
-	require.Equal(t, models.SoftwareComplete, d.Status, d.StatusReason)
+	require.Equal(t, contract.SoftwareComplete, d.Status, d.StatusReason)
 	assert.Equal(t, "world from world", d.OutputValues["greeting"])
 	assert.Equal(t, "DEPLOY", d.OutputValues["action"])
 	assert.Equal(t, "hello world\n", d.OutputValues["deploy_stdout"])
@@ -103,7 +104,7 @@ exit 0`,
 		"input_values": map[string]any{"who": map[string]any{"get_attr": []any{first.ID, "greeting"}}},
 	})
 	d = waitSoftware(t, st, second.ID)
-	require.Equal(t, models.SoftwareComplete, d.Status, d.StatusReason)
+	require.Equal(t, contract.SoftwareComplete, d.Status, d.StatusReason)
 	assert.Equal(t, "world from world from world from world", d.OutputValues["greeting"])
 
 	// An error output with a value fails the deployment, naming it.
@@ -112,21 +113,21 @@ exit 0`,
 		"input_values": map[string]any{"who": "x", "fail_with": "disk full"},
 	})
 	d = waitSoftware(t, st, bad.ID)
-	assert.Equal(t, models.SoftwareFailed, d.Status)
+	assert.Equal(t, contract.SoftwareFailed, d.Status)
 	assert.Contains(t, d.StatusReason, "err")
 	assert.Contains(t, d.StatusReason, "disk full")
 
 	// A non-zero exit fails it too.
 	exit3 := createConfig(t, st, map[string]any{"name": "exit3", "config": "echo oops >&2; exit 3"})
 	d = waitSoftware(t, st, createSoftware(t, st, map[string]any{"config_id": exit3.ID, "server_id": nodeName("n1")}).ID)
-	assert.Equal(t, models.SoftwareFailed, d.Status)
+	assert.Equal(t, contract.SoftwareFailed, d.Status)
 	assert.Contains(t, d.StatusReason, "deploy_status_code 3")
 	assert.Equal(t, "oops\n", d.OutputValues["deploy_stderr"])
 
 	// An unknown group fails with a reason naming it.
 	puppet := createConfig(t, st, map[string]any{"name": "site", "group": "puppet", "config": "class {}"})
 	d = waitSoftware(t, st, createSoftware(t, st, map[string]any{"config_id": puppet.ID, "server_id": nodeName("n1")}).ID)
-	assert.Equal(t, models.SoftwareFailed, d.Status)
+	assert.Equal(t, contract.SoftwareFailed, d.Status)
 	assert.Contains(t, d.StatusReason, `"puppet"`)
 
 	// REDEPLOY starts a new round with new inputs.
@@ -136,7 +137,7 @@ exit 0`,
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.Equal(t, 2, up.Round)
 	d = waitSoftware(t, st, first.ID)
-	require.Equal(t, models.SoftwareComplete, d.Status, d.StatusReason)
+	require.Equal(t, contract.SoftwareComplete, d.Status, d.StatusReason)
 	assert.Equal(t, "again from again", d.OutputValues["greeting"])
 	assert.Equal(t, "REDEPLOY", d.OutputValues["action"])
 
@@ -167,7 +168,7 @@ func TestSoftwareSignalIdempotentAndOwnNodeOnly(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var got swDeployment
 		st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/software_deployments/%d", d.ID), nil, &got)
-		return got.Status == models.SoftwareInProgress
+		return got.Status == contract.SoftwareInProgress
 	}, 30*time.Second, 50*time.Millisecond)
 
 	// The agent's long poll sees it, and then holds with the same version.
@@ -196,7 +197,7 @@ func TestSoftwareSignalIdempotentAndOwnNodeOnly(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.Contains(t, string(raw), `"repeated":true`)
 	got := waitSoftware(t, st, d.ID)
-	assert.Equal(t, models.SoftwareComplete, got.Status)
+	assert.Equal(t, contract.SoftwareComplete, got.Status)
 	assert.Equal(t, "first", got.OutputValues["v"])
 	status, _ = testenv.Call(t, http.MethodPost, path, a1.Token(t), map[string]any{"v": "third"}, nil)
 	assert.Equal(t, http.StatusOK, status)
@@ -274,7 +275,7 @@ func TestSoftwareIndexInOneQuery(t *testing.T) {
 	// never comes) so that only the index reads the table.
 	require.Eventually(t, func() bool {
 		var n int64
-		st.Store.DB.Model(&models.SoftwareDeployment{}).Where("status = ?", models.SoftwareInProgress).Count(&n)
+		st.Store.DB.Model(&models.SoftwareDeployment{}).Where("status = ?", contract.SoftwareInProgress).Count(&n)
 		return n == 4
 	}, 30*time.Second, 50*time.Millisecond)
 	st.Do(t, http.MethodGet, "/api/v1/software_configs", nil, nil) // caches the admin token

@@ -11,6 +11,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // tagsRelease decomposes a controller (mysql, rabbitmq, keystone) in Fuel's
@@ -268,7 +269,7 @@ func TestPrimaryTagAPI(t *testing.T) {
 	// n1 (lowest id) is the primary of mysql: only it bootstraps.
 	for range 2 {
 		runs := dryRun(t, st)
-		assert.Equal(t, models.RunPlanned, runs["mysql-bootstrap@"+n1].State)
+		assert.Equal(t, contract.RunPlanned, runs["mysql-bootstrap@"+n1].State)
 		assert.NotContains(t, runs, "mysql-bootstrap@"+n2, "the primary is stable across re-plans")
 		assert.Contains(t, runs, "mysql@"+n2)
 		assert.NotContains(t, runs, "mysql-bootstrap@"+n3)

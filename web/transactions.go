@@ -13,7 +13,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // startTransaction validates an execute request, records the transaction
@@ -51,16 +51,15 @@ func (s *Server) startTransaction(ctx context.Context, in models.ExecuteInput, l
 // fails, rather than attaching to it, if a run with that ID is still open.
 func (s *Server) startWorkflow(ctx context.Context, txn *models.Transaction, summary string, memo map[string]any) error {
 	opts := client.StartWorkflowOptions{
-		ID:                                       txn.WorkflowID,
-		TaskQueue:                                s.cfg.TaskQueue,
-		Memo:                                     memo,
-		StaticSummary:                            summary,
-		WorkflowExecutionErrorWhenAlreadyStarted: true,
+		ID:            txn.WorkflowID,
+		TaskQueue:     s.cfg.TaskQueue,
+		Memo:          memo,
+		StaticSummary: summary,
 	}
-	input := workflows.TransactionInput{
+	input := contract.TransactionInput{
 		TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,
 	}
-	if _, err := s.cfg.Temporal.ExecuteWorkflow(ctx, opts, workflows.TransactionWorkflow, input); err != nil {
+	if err := contract.StartTransaction(ctx, s.cfg.Temporal, opts, input); err != nil {
 		var started *serviceerror.WorkflowExecutionAlreadyStarted
 		if errors.As(err, &started) {
 			return &models.ConflictError{Reason: fmt.Sprintf("workflow %s is still running; wait for it to end", txn.WorkflowID)}

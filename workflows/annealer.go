@@ -8,8 +8,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // The annealer sleeps until it is kicked; the timer is only a safety net
@@ -28,10 +27,9 @@ const annealerRounds = 400
 // a kick (a commit, a node coming back or made available, a noderole that
 // finished or was retried) wakes it. Kicks waiting when a round starts are
 // all served by it; a kick that arrives during a round starts another.
-func Annealer(ctx workflow.Context, in activities.AnnealerInput) error {
-	var a *activities.Activities
+func Annealer(ctx workflow.Context, in contract.AnnealerInput) error {
 	log := workflow.GetLogger(ctx)
-	kicks := workflow.GetSignalChannel(ctx, activities.SignalAnnealerKick)
+	kicks := workflow.GetSignalChannel(ctx, contract.SignalAnnealerKick)
 	// Noderoles in transition whose run is gone (terminated by an
 	// operator) are looked for at each start and whenever the fallback
 	// timer fires: quiet times, and rare enough to cost nothing.
@@ -39,7 +37,7 @@ func Annealer(ctx workflow.Context, in activities.AnnealerInput) error {
 	for round := 0; round < annealerRounds; round++ {
 		if recoverNow {
 			var ended []int64
-			if err := workflow.ExecuteActivity(stateActivity(ctx), a.RecoverTransitions).Get(ctx, &ended); err != nil {
+			if err := workflow.ExecuteActivity(stateActivity(ctx), contract.RecoverTransitionsActivity).Get(ctx, &ended); err != nil {
 				return fmt.Errorf("check noderoles in transition: %w", err)
 			}
 			if len(ended) > 0 {
@@ -51,8 +49,8 @@ func Annealer(ctx workflow.Context, in activities.AnnealerInput) error {
 		// while it runs may concern a change its query did not see, so it
 		// stays in the channel and wakes the next round at once.
 		drain(kicks)
-		var res activities.AnnealResult
-		if err := workflow.ExecuteActivity(stateActivity(ctx), a.Anneal).Get(ctx, &res); err != nil {
+		var res contract.AnnealResult
+		if err := workflow.ExecuteActivity(stateActivity(ctx), contract.AnnealActivity).Get(ctx, &res); err != nil {
 			return fmt.Errorf("anneal: %w", err)
 		}
 		if res.More {
@@ -70,7 +68,7 @@ func Annealer(ctx workflow.Context, in activities.AnnealerInput) error {
 	}
 	// Kicks not received here are not lost work: the next run starts with a
 	// round.
-	return workflow.NewContinueAsNewError(ctx, activities.AnnealerWorkflow, activities.AnnealerInput{})
+	return workflow.NewContinueAsNewError(ctx, contract.AnnealerWorkflow, contract.AnnealerInput{})
 }
 
 // drain takes every pending kick: one round serves them all.
@@ -80,36 +78,27 @@ func drain(c workflow.ReceiveChannel) {
 	}
 }
 
-// NodeRoleRunResult says how a noderole's run ended.
-type NodeRoleRunResult struct {
-	State  string `json:"state,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	// Skipped says why nothing ran (the noderole had left transition).
-	Skipped string `json:"skipped,omitempty"`
-}
-
 // NodeRoleRun runs a noderole once through its jig: the attributes it sees
 // are frozen in its task run; the agent jig hands the run to the node's
 // agent (a dead agent is a heartbeat timeout), the local jig runs it in the
 // worker, and a role with nothing to run (the noop jig, or no script) hands
 // the attributes straight back. Then the noderole goes active or error and
 // the annealer is woken.
-func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRoleRunResult, error) {
-	var a *activities.Activities
-	var plan models.NodeRoleRunPlan
-	if err := workflow.ExecuteActivity(stateActivity(ctx), a.PrepareNodeRoleRun, in).Get(ctx, &plan); err != nil {
+func NodeRoleRun(ctx workflow.Context, in contract.NodeRoleRunInput) (*contract.NodeRoleRunResult, error) {
+	var plan contract.NodeRoleRunPlan
+	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.PrepareNodeRoleRunActivity, in).Get(ctx, &plan); err != nil {
 		return nil, fmt.Errorf("prepare %s on %s: %w", in.Role, in.Node, err)
 	}
 	if plan.Skip != "" {
-		return &NodeRoleRunResult{Skipped: plan.Skip}, nil
+		return &contract.NodeRoleRunResult{Skipped: plan.Skip}, nil
 	}
-	end := activities.NodeRoleRunEnd{NodeRoleID: in.NodeRoleID, Run: in.Run, OK: true}
+	end := contract.NodeRoleRunEnd{NodeRoleID: in.NodeRoleID, Run: in.Run, OK: true}
 	var err error
 	switch {
 	case !plan.HasScript || plan.Jig == "noop":
-		err = workflow.ExecuteActivity(stateActivity(ctx), a.RecordNoOp, plan.RunID).Get(ctx, nil)
+		err = workflow.ExecuteActivity(stateActivity(ctx), contract.RecordNoOpActivity, plan.RunID).Get(ctx, nil)
 	default:
-		heartbeat := DefaultHeartbeatTimeout
+		heartbeat := contract.DefaultHeartbeatTimeout
 		if in.HeartbeatTimeoutSec > 0 {
 			heartbeat = time.Duration(in.HeartbeatTimeoutSec) * time.Second
 		}
@@ -121,16 +110,16 @@ func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRol
 			// operator (POST /noderoles/:id/retry), not here.
 			RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 1},
 		})
-		jig := a.RunTaskOnNode
+		jig := contract.RunTaskOnNodeActivity
 		if plan.Jig == "local" {
-			jig = a.RunOnOrchestrator
+			jig = contract.RunOnOrchestratorActivity
 		}
-		input := activities.RunTaskInput{RunID: plan.RunID, Task: plan.Role, Node: plan.Node}
+		input := contract.RunTaskInput{RunID: plan.RunID, Task: plan.Role, Node: plan.Node}
 		err = runOnNode(ctx, actx, jig, input)
 		if err != nil {
 			end.OK = false
 			var appErr *temporal.ApplicationError
-			if errors.As(err, &appErr) && appErr.Type() == activities.ErrTypeTaskFailed {
+			if errors.As(err, &appErr) && appErr.Type() == contract.ErrTypeTaskFailed {
 				end.Reason = rootMessage(err)
 			} else {
 				end.Reason = "no result from the node's agent: " + rootMessage(err)
@@ -142,10 +131,10 @@ func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRol
 		return nil, fmt.Errorf("run %s on %s: %w", plan.Role, plan.Node, err)
 	}
 	var state string
-	if err := workflow.ExecuteActivity(stateActivity(ctx), a.FinishNodeRoleRun, end).Get(ctx, &state); err != nil {
+	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.FinishNodeRoleRunActivity, end).Get(ctx, &state); err != nil {
 		return nil, fmt.Errorf("finish %s on %s: %w", plan.Role, plan.Node, err)
 	}
-	return &NodeRoleRunResult{State: state, Reason: end.Reason}, nil
+	return &contract.NodeRoleRunResult{State: state, Reason: end.Reason}, nil
 }
 
 // NodeBootstrap gives a freshly created node its default roles (Crowbar's
@@ -153,10 +142,9 @@ func NodeRoleRun(ctx workflow.Context, in activities.NodeRoleRunInput) (*NodeRol
 // the discovery roles of another, bound in dependency order in the system
 // deployment's committed snapshot, which is recommitted; the annealer then
 // brings the node up. Its result lists what was bound.
-func NodeBootstrap(ctx workflow.Context, in activities.NodeBootstrapInput) (*models.BootstrapResult, error) {
-	var a *activities.Activities
-	var res models.BootstrapResult
-	if err := workflow.ExecuteActivity(stateActivity(ctx), a.BootstrapNode, in).Get(ctx, &res); err != nil {
+func NodeBootstrap(ctx workflow.Context, in contract.NodeBootstrapInput) (*contract.BootstrapResult, error) {
+	var res contract.BootstrapResult
+	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.BootstrapNodeActivity, in).Get(ctx, &res); err != nil {
 		return nil, fmt.Errorf("bootstrap node %s: %w", in.Node, err)
 	}
 	return &res, nil

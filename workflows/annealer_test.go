@@ -17,17 +17,18 @@ import (
 	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // noderoleFake answers the activities of a noderole's run and records
 // which jig ran and how the run ended.
 type noderoleFake struct {
 	mu    sync.Mutex
-	plan  models.NodeRoleRunPlan
+	plan  contract.NodeRoleRunPlan
 	jig   error // what the jig activity returns
 	busy  int   // how many first jig calls answer that the node is busy
 	calls []string
-	ends  []activities.NodeRoleRunEnd
+	ends  []contract.NodeRoleRunEnd
 }
 
 func (f *noderoleFake) record(call string) {
@@ -42,26 +43,26 @@ func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnviro
 	workflows.Register(env)
 	a := &activities.Activities{}
 	env.OnActivity(a.PrepareNodeRoleRun, mock.Anything, mock.Anything).Return(
-		func(context.Context, activities.NodeRoleRunInput) (*models.NodeRoleRunPlan, error) {
+		func(context.Context, contract.NodeRoleRunInput) (*contract.NodeRoleRunPlan, error) {
 			f.record("prepare")
 			p := f.plan
 			return &p, nil
 		}).Maybe()
 	env.OnActivity(a.RunTaskOnNode, mock.Anything, mock.Anything).Return(
-		func(context.Context, activities.RunTaskInput) (*activities.RunOutcome, error) {
+		func(context.Context, contract.RunTaskInput) (*contract.RunOutcome, error) {
 			f.record("agent")
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			if f.busy > 0 {
 				f.busy--
-				return nil, temporal.NewNonRetryableApplicationError("node n1 is busy: run 3 (setup) is running", activities.ErrTypeNodeBusy, nil)
+				return nil, temporal.NewNonRetryableApplicationError("node n1 is busy: run 3 (setup) is running", contract.ErrTypeNodeBusy, nil)
 			}
-			return &activities.RunOutcome{}, f.jig
+			return &contract.RunOutcome{}, f.jig
 		}).Maybe()
 	env.OnActivity(a.RunOnOrchestrator, mock.Anything, mock.Anything).Return(
-		func(context.Context, activities.RunTaskInput) (*activities.RunOutcome, error) {
+		func(context.Context, contract.RunTaskInput) (*contract.RunOutcome, error) {
 			f.record("local")
-			return &activities.RunOutcome{}, f.jig
+			return &contract.RunOutcome{}, f.jig
 		}).Maybe()
 	env.OnActivity(a.RecordNoOp, mock.Anything, mock.Anything).Return(
 		func(context.Context, int64) error {
@@ -69,14 +70,14 @@ func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnviro
 			return nil
 		}).Maybe()
 	env.OnActivity(a.FinishNodeRoleRun, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, end activities.NodeRoleRunEnd) (string, error) {
+		func(_ context.Context, end contract.NodeRoleRunEnd) (string, error) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.ends = append(f.ends, end)
 			if !end.OK {
-				return models.NodeRoleError, nil
+				return contract.NodeRoleError, nil
 			}
-			return models.NodeRoleActive, nil
+			return contract.NodeRoleActive, nil
 		}).Maybe()
 	return env
 }
@@ -85,9 +86,9 @@ func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnviro
 // activity's own wait, the workflow pauses and tries again; the wait is
 // not the noderole's failure.
 func TestNodeRoleRunWaitsForABusyNode(t *testing.T) {
-	f := &noderoleFake{plan: models.NodeRoleRunPlan{NodeRoleID: 4, Run: 1, RunID: 40, Node: "n1", Role: "db", Jig: "agent", HasScript: true, TimeoutSec: 60}, busy: 2}
+	f := &noderoleFake{plan: contract.NodeRoleRunPlan{NodeRoleID: 4, Run: 1, RunID: 40, Node: "n1", Role: "db", Jig: "agent", HasScript: true, TimeoutSec: 60}, busy: 2}
 	env := newNodeRoleEnv(t, f)
-	env.ExecuteWorkflow(activities.NodeRoleWorkflow, activities.NodeRoleRunInput{NodeRoleID: 4, Run: 1, Node: "n1", Role: "db"})
+	env.ExecuteWorkflow(contract.NodeRoleWorkflow, contract.NodeRoleRunInput{NodeRoleID: 4, Run: 1, Node: "n1", Role: "db"})
 	require.True(t, env.IsWorkflowCompleted())
 	require.NoError(t, env.GetWorkflowError())
 	assert.Equal(t, []string{"prepare", "agent", "agent", "agent"}, f.calls)
@@ -96,8 +97,8 @@ func TestNodeRoleRunWaitsForABusyNode(t *testing.T) {
 }
 
 func TestNodeRoleRunJigs(t *testing.T) {
-	plan := models.NodeRoleRunPlan{NodeRoleID: 4, Run: 2, RunID: 40, Node: "n1", Role: "db", Jig: "agent", HasScript: true, TimeoutSec: 60}
-	failed := temporal.NewApplicationError("task db failed on n1 with exit code 3", activities.ErrTypeTaskFailed, nil)
+	plan := contract.NodeRoleRunPlan{NodeRoleID: 4, Run: 2, RunID: 40, Node: "n1", Role: "db", Jig: "agent", HasScript: true, TimeoutSec: 60}
+	failed := temporal.NewApplicationError("task db failed on n1 with exit code 3", contract.ErrTypeTaskFailed, nil)
 	lost := errors.New("activity heartbeat timeout")
 	cases := []struct {
 		name      string
@@ -123,10 +124,10 @@ func TestNodeRoleRunJigs(t *testing.T) {
 			p.Jig, p.HasScript, p.Skip = c.jig, c.hasScript, c.skip
 			f := &noderoleFake{plan: p, jig: c.jigErr}
 			env := newNodeRoleEnv(t, f)
-			env.ExecuteWorkflow(activities.NodeRoleWorkflow, activities.NodeRoleRunInput{NodeRoleID: 4, Run: 2, Node: "n1", Role: "db"})
+			env.ExecuteWorkflow(contract.NodeRoleWorkflow, contract.NodeRoleRunInput{NodeRoleID: 4, Run: 2, Node: "n1", Role: "db"})
 			require.True(t, env.IsWorkflowCompleted())
 			require.NoError(t, env.GetWorkflowError())
-			var res workflows.NodeRoleRunResult
+			var res contract.NodeRoleRunResult
 			require.NoError(t, env.GetWorkflowResult(&res))
 			assert.Equal(t, c.calls, f.calls)
 			if c.skip != "" {
@@ -169,11 +170,11 @@ func TestAnnealerRoundsAndKicks(t *testing.T) {
 		f.recovers++
 		return []int64{9}, nil
 	})
-	env.OnActivity(a.Anneal, mock.Anything).Return(func(context.Context) (*activities.AnnealResult, error) {
+	env.OnActivity(a.Anneal, mock.Anything).Return(func(context.Context) (*contract.AnnealResult, error) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.anneals++
-		return &activities.AnnealResult{More: f.anneals <= f.full}, nil
+		return &contract.AnnealResult{More: f.anneals <= f.full}, nil
 	})
 	count := func() int {
 		f.mu.Lock()
@@ -191,13 +192,13 @@ func TestAnnealerRoundsAndKicks(t *testing.T) {
 		afterStart, recoversAtStart = count(), recovers()
 		// Three kicks at once.
 		for range 3 {
-			env.SignalWorkflow(activities.SignalAnnealerKick, "snapshot committed")
+			env.SignalWorkflow(contract.SignalAnnealerKick, "snapshot committed")
 		}
 	}, time.Minute)
 	env.RegisterDelayedCallback(func() { afterKicks, recoversAfterKicks = count(), recovers() }, 2*time.Minute)
 	env.RegisterDelayedCallback(func() { afterFallback, recoversAfterFallback = count(), recovers() }, 7*time.Minute)
 
-	env.ExecuteWorkflow(activities.AnnealerWorkflow, activities.AnnealerInput{})
+	env.ExecuteWorkflow(contract.AnnealerWorkflow, contract.AnnealerInput{})
 	require.True(t, env.IsWorkflowCompleted())
 	var cont *workflow.ContinueAsNewError
 	require.ErrorAs(t, env.GetWorkflowError(), &cont, "a long run continues as new")
@@ -217,12 +218,12 @@ func TestNodeBootstrap(t *testing.T) {
 	env := ts.NewTestWorkflowEnvironment()
 	workflows.Register(env)
 	a := &activities.Activities{}
-	want := &models.BootstrapResult{Node: "n1", Flag: models.FlagDiscovery, NodeRoles: []int64{1, 2}, Roles: []string{"os", "dns"}}
-	env.OnActivity(a.BootstrapNode, mock.Anything, activities.NodeBootstrapInput{NodeID: 3, Node: "n1"}).Return(want, nil).Once()
-	env.ExecuteWorkflow(activities.NodeBootstrapWorkflow, activities.NodeBootstrapInput{NodeID: 3, Node: "n1"})
+	want := &contract.BootstrapResult{Node: "n1", Flag: models.FlagDiscovery, NodeRoles: []int64{1, 2}, Roles: []string{"os", "dns"}}
+	env.OnActivity(a.BootstrapNode, mock.Anything, contract.NodeBootstrapInput{NodeID: 3, Node: "n1"}).Return(want, nil).Once()
+	env.ExecuteWorkflow(contract.NodeBootstrapWorkflow, contract.NodeBootstrapInput{NodeID: 3, Node: "n1"})
 	require.True(t, env.IsWorkflowCompleted())
 	require.NoError(t, env.GetWorkflowError())
-	var got models.BootstrapResult
+	var got contract.BootstrapResult
 	require.NoError(t, env.GetWorkflowResult(&got))
 	assert.Equal(t, *want, got)
 	env.AssertExpectations(t)

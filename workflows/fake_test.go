@@ -12,8 +12,8 @@ import (
 	"go.temporal.io/sdk/testsuite"
 
 	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // txID is the transaction every test runs; node workflows are tx-T/<node>.
@@ -39,29 +39,29 @@ type fake struct {
 	env *testsuite.TestWorkflowEnvironment
 
 	// Inputs, set by the test before the workflow runs.
-	graphPlans map[int]*models.GraphPlan
+	graphPlans map[int]*contract.GraphPlan
 	planErr    error
-	nodePlans  map[planKey]*models.NodePlan
+	nodePlans  map[planKey]*contract.NodePlan
 	loadErr    map[int64]error // LoadNodePlan failure by node id
 	// runTask decides how RunTaskOnNode ends; nil means success.
-	runTask func(ctx context.Context, in activities.RunTaskInput) error
+	runTask func(ctx context.Context, in contract.RunTaskInput) error
 	// checkStates answers CheckRunStates; call counts from 1.
 	checkStates func(call int, ids []int64) map[int64]string
 
 	mu       sync.Mutex
 	log      []string // every call, in the order the activities ran
 	planned  []int
-	loads    []activities.NodeRef
-	runs     []activities.RunTaskInput
+	loads    []contract.NodeRef
+	runs     []contract.RunTaskInput
 	runAt    map[int64]time.Duration // workflow time (since start) a run was dispatched
 	loadAt   time.Time
 	noops    []int64
-	failures []activities.RunFailure
-	cancels  []activities.RunsToCancel
+	failures []contract.RunFailure
+	cancels  []contract.RunsToCancel
 	checks   [][]int64
-	abandons []activities.NodeAbandon
-	finishes []activities.FinishInput
-	ends     []activities.NodeGraphEnd
+	abandons []contract.NodeAbandon
+	finishes []contract.FinishInput
+	ends     []contract.NodeGraphEnd
 	signals  []signal
 	inFlight int // RunTaskOnNode calls running at once
 	maxRuns  int
@@ -70,14 +70,14 @@ type fake struct {
 func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 	f := &fake{
 		env:        env,
-		graphPlans: map[int]*models.GraphPlan{},
-		nodePlans:  map[planKey]*models.NodePlan{},
+		graphPlans: map[int]*contract.GraphPlan{},
+		nodePlans:  map[planKey]*contract.NodePlan{},
 		loadErr:    map[int64]error{},
 		runAt:      map[int64]time.Duration{},
 	}
 	a := &activities.Activities{}
 	env.OnActivity(a.PlanGraph, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, ref activities.GraphRef) (*models.GraphPlan, error) {
+		func(_ context.Context, ref contract.GraphRef) (*contract.GraphPlan, error) {
 			f.record(fmt.Sprintf("plan %d", ref.GraphIndex), func() { f.planned = append(f.planned, ref.GraphIndex) })
 			if ref.TransactionID != txID {
 				return nil, fmt.Errorf("PlanGraph: unexpected transaction %q", ref.TransactionID)
@@ -92,7 +92,7 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 			return gp, nil
 		})
 	env.OnActivity(a.LoadNodePlan, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, ref activities.NodeRef) (*models.NodePlan, error) {
+		func(_ context.Context, ref contract.NodeRef) (*contract.NodePlan, error) {
 			f.record(fmt.Sprintf("load %d/%d", ref.GraphIndex, ref.NodeID), func() {
 				f.loads = append(f.loads, ref)
 				if f.loadAt.IsZero() {
@@ -109,7 +109,7 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 			return np, nil
 		})
 	env.OnActivity(a.RunTaskOnNode, mock.Anything, mock.Anything).Return(
-		func(ctx context.Context, in activities.RunTaskInput) (*activities.RunOutcome, error) {
+		func(ctx context.Context, in contract.RunTaskInput) (*contract.RunOutcome, error) {
 			f.record(fmt.Sprintf("run %d", in.RunID), func() {
 				f.runs = append(f.runs, in)
 				f.runAt[in.RunID] = env.Now().Sub(f.loadAt)
@@ -128,10 +128,10 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 					return nil, err
 				}
 			}
-			return &activities.RunOutcome{}, nil
+			return &contract.RunOutcome{}, nil
 		})
 	env.OnActivity(a.FinishNodeGraph, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, end activities.NodeGraphEnd) error {
+		func(_ context.Context, end contract.NodeGraphEnd) error {
 			f.record(fmt.Sprintf("end node %d %s", end.NodeID, end.Outcome), func() { f.ends = append(f.ends, end) })
 			return nil
 		})
@@ -141,12 +141,12 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 			return nil
 		})
 	env.OnActivity(a.RecordRunFailure, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, rf activities.RunFailure) error {
+		func(_ context.Context, rf contract.RunFailure) error {
 			f.record(fmt.Sprintf("fail %d blocked %v", rf.RunID, rf.Blocked), func() { f.failures = append(f.failures, rf) })
 			return nil
 		})
 	env.OnActivity(a.CancelRuns, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, rc activities.RunsToCancel) error {
+		func(_ context.Context, rc contract.RunsToCancel) error {
 			f.record(fmt.Sprintf("cancel %v", rc.RunIDs), func() { f.cancels = append(f.cancels, rc) })
 			return nil
 		})
@@ -163,14 +163,14 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 			return f.checkStates(call, ids), nil
 		})
 	env.OnActivity(a.AbandonNodeRuns, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.NodeAbandon) error {
+		func(_ context.Context, in contract.NodeAbandon) error {
 			f.record(fmt.Sprintf("abandon %d", in.NodeID), func() { f.abandons = append(f.abandons, in) })
 			return nil
 		})
 	env.OnActivity(a.FinishTransaction, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.FinishInput) (*activities.TransactionOutcome, error) {
+		func(_ context.Context, in contract.FinishInput) (*contract.TransactionOutcome, error) {
 			f.record("finish", func() { f.finishes = append(f.finishes, in) })
-			out := &activities.TransactionOutcome{Status: "succeeded", Counts: map[string]int{}}
+			out := &contract.TransactionOutcome{Status: "succeeded", Counts: map[string]int{}}
 			switch {
 			case in.Stopped:
 				out.Status, out.Error = "stopped", "stopped by the operator"
@@ -184,7 +184,7 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 	env.OnSignalExternalWorkflow(mock.Anything, mock.Anything, mock.Anything, mock.Anything, mock.Anything).Return(
 		func(_, workflowID, _, name string, arg any) error {
 			var states map[int64]string
-			if rf, ok := arg.(workflows.RunsFinished); ok {
+			if rf, ok := arg.(contract.RunsFinished); ok {
 				states = rf.States
 			}
 			f.record("signal "+workflowID, func() {
@@ -262,16 +262,16 @@ func (s *suiteBase) newEnv() (*testsuite.TestWorkflowEnvironment, *fake) {
 	return env, newFake(env)
 }
 
-func nodeInput(name string, id int64) workflows.NodeInput {
-	return workflows.NodeInput{
-		GraphRef:  activities.GraphRef{TransactionID: txID, GraphIndex: 0},
+func nodeInput(name string, id int64) contract.NodeInput {
+	return contract.NodeInput{
+		GraphRef:  contract.GraphRef{TransactionID: txID, GraphIndex: 0},
 		GraphType: "deployment", NodeID: id, NodeName: name,
 	}
 }
 
-func pending(r models.NodeRun) models.NodeRun {
+func pending(r contract.NodeRun) contract.NodeRun {
 	if r.State == "" {
-		r.State = models.RunPending
+		r.State = contract.RunPending
 	}
 	if r.Task == "" {
 		r.Task = fmt.Sprintf("task%d", r.ID)
@@ -279,8 +279,8 @@ func pending(r models.NodeRun) models.NodeRun {
 	return r
 }
 
-func nodePlan(remote map[int64]string, runs ...models.NodeRun) *models.NodePlan {
-	np := &models.NodePlan{RemoteStates: remote}
+func nodePlan(remote map[int64]string, runs ...contract.NodeRun) *contract.NodePlan {
+	np := &contract.NodePlan{RemoteStates: remote}
 	for _, r := range runs {
 		np.Runs = append(np.Runs, pending(r))
 	}

@@ -9,38 +9,8 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
-
-// NodeInput starts a node workflow.
-type NodeInput struct {
-	activities.GraphRef
-	GraphType           string `json:"graph_type"`
-	NodeID              int64  `json:"node_id"`
-	NodeName            string `json:"node_name"`
-	HeartbeatTimeoutSec int    `json:"heartbeat_timeout_sec,omitempty"`
-}
-
-// NodeResult counts how a node's runs ended.
-type NodeResult struct {
-	Succeeded int `json:"succeeded"`
-	Failed    int `json:"failed"`
-	Blocked   int `json:"blocked"`
-	Cancelled int `json:"cancelled"`
-}
-
-func (r *NodeResult) add(o NodeResult) {
-	r.Succeeded += o.Succeeded
-	r.Failed += o.Failed
-	r.Blocked += o.Blocked
-	r.Cancelled += o.Cancelled
-}
-
-// RunsFinished tells a node workflow that runs it waits for have ended.
-type RunsFinished struct {
-	States map[int64]string `json:"states"`
-}
 
 // Remote-wait fallback: if a wake-up from another node is lost, the node
 // workflow reads the states from Postgres, backing off to the maximum.
@@ -52,12 +22,11 @@ const (
 // NodeRun runs one node's tasks of a graph, one at a time, in plan order; a
 // task starts only when all its parents (on this node and on others) have
 // succeeded, and a failure blocks its descendants.
-func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
-	var a *activities.Activities
+func NodeRun(ctx workflow.Context, in contract.NodeInput) (*contract.NodeResult, error) {
 	log := workflow.GetLogger(ctx)
-	var np models.NodePlan
-	ref := activities.NodeRef{GraphRef: in.GraphRef, NodeID: in.NodeID}
-	if err := workflow.ExecuteLocalActivity(stateRead(ctx), LoadNodePlanActivity, ref).Get(ctx, &np); err != nil {
+	var np contract.NodePlan
+	ref := contract.NodeRef{GraphRef: in.GraphRef, NodeID: in.NodeID}
+	if err := workflow.ExecuteLocalActivity(stateRead(ctx), contract.LoadNodePlanActivity, ref).Get(ctx, &np); err != nil {
 		return nil, fmt.Errorf("load plan of node %s: %w", in.NodeName, err)
 	}
 	n := &nodeState{in: in, plan: &np, state: map[int64]string{}, remote: np.RemoteStates}
@@ -67,18 +36,18 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 	for _, r := range np.Runs {
 		n.state[r.ID] = r.State
 	}
-	signals := workflow.GetSignalChannel(ctx, SignalRunsFinished)
+	signals := workflow.GetSignalChannel(ctx, contract.SignalRunsFinished)
 	poll := remotePollFirst
 	for {
 		for {
-			var msg RunsFinished
+			var msg contract.RunsFinished
 			if !signals.ReceiveAsync(&msg) {
 				break
 			}
 			n.learn(msg.States)
 		}
 		if blocked := n.blockDescendants(); len(blocked) > 0 {
-			if err := n.recordFailure(ctx, activities.RunFailure{Blocked: blocked}); err != nil {
+			if err := n.recordFailure(ctx, contract.RunFailure{Blocked: blocked}); err != nil {
 				return nil, err
 			}
 			n.tellRemoteKids(ctx, blocked)
@@ -101,7 +70,7 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 		sel := workflow.NewSelector(ctx)
 		timerCtx, cancelTimer := workflow.WithCancel(ctx)
 		sel.AddReceive(signals, func(c workflow.ReceiveChannel, _ bool) {
-			var msg RunsFinished
+			var msg contract.RunsFinished
 			c.Receive(ctx, &msg)
 			n.learn(msg.States)
 		})
@@ -112,7 +81,7 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 			}
 			var states map[int64]string
 			ids := n.awaitedRemote()
-			if err := workflow.ExecuteLocalActivity(stateRead(ctx), CheckRunStatesActivity, ids).Get(ctx, &states); err == nil {
+			if err := workflow.ExecuteLocalActivity(stateRead(ctx), contract.CheckRunStatesActivity, ids).Get(ctx, &states); err == nil {
 				n.learn(states)
 			}
 			poll = min(poll*2, remotePollMax)
@@ -125,28 +94,28 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 		n.flush(ctx)
 	}
 	if ctx.Err() != nil {
-		pending := n.idsIn(models.RunPending)
+		pending := n.idsIn(contract.RunPending)
 		if len(pending) > 0 {
 			dctx, cancel := workflow.NewDisconnectedContext(ctx)
 			defer cancel()
-			cancelled := activities.RunsToCancel{RunIDs: pending, Reason: "cancelled: the transaction was stopped before this run started"}
-			if err := workflow.ExecuteActivity(stateActivity(dctx), a.CancelRuns, cancelled).Get(dctx, nil); err != nil {
+			cancelled := contract.RunsToCancel{RunIDs: pending, Reason: "cancelled: the transaction was stopped before this run started"}
+			if err := workflow.ExecuteActivity(stateActivity(dctx), contract.CancelRunsActivity, cancelled).Get(dctx, nil); err != nil {
 				return nil, fmt.Errorf("record cancelled runs of %s: %w", in.NodeName, err)
 			}
 			for _, id := range pending {
-				n.state[id] = models.RunCancelled
+				n.state[id] = contract.RunCancelled
 			}
 		}
-		if err := n.finish(ctx, models.OutcomeStop); err != nil {
+		if err := n.finish(ctx, contract.OutcomeStop); err != nil {
 			return nil, err
 		}
 		log.Info("node workflow stopped", "node", in.NodeName)
 		return n.result(), temporal.NewCanceledError("transaction stopped")
 	}
 	res := n.result()
-	outcome := models.OutcomeSuccess
+	outcome := contract.OutcomeSuccess
 	if res.Failed > 0 || res.Blocked > 0 {
-		outcome = models.OutcomeError
+		outcome = contract.OutcomeError
 	}
 	if err := n.finish(ctx, outcome); err != nil {
 		return nil, err
@@ -160,8 +129,8 @@ func NodeRun(ctx workflow.Context, in NodeInput) (*NodeResult, error) {
 func (n *nodeState) finish(ctx workflow.Context, outcome string) error {
 	dctx, cancel := workflow.NewDisconnectedContext(ctx)
 	defer cancel()
-	end := activities.NodeGraphEnd{NodeRef: activities.NodeRef{GraphRef: n.in.GraphRef, NodeID: n.in.NodeID}, Outcome: outcome}
-	if err := workflow.ExecuteLocalActivity(stateRead(dctx), FinishNodeGraphActivity, end).Get(dctx, nil); err != nil {
+	end := contract.NodeGraphEnd{NodeRef: contract.NodeRef{GraphRef: n.in.GraphRef, NodeID: n.in.NodeID}, Outcome: outcome}
+	if err := workflow.ExecuteLocalActivity(stateRead(dctx), contract.FinishNodeGraphActivity, end).Get(dctx, nil); err != nil {
 		return fmt.Errorf("record the end of the graph on %s: %w", n.in.NodeName, err)
 	}
 	return nil
@@ -169,8 +138,8 @@ func (n *nodeState) finish(ctx workflow.Context, outcome string) error {
 
 // nodeState is a node workflow's view of its runs.
 type nodeState struct {
-	in     NodeInput
-	plan   *models.NodePlan
+	in     contract.NodeInput
+	plan   *contract.NodePlan
 	state  map[int64]string // this node's runs
 	remote map[int64]string // runs on other nodes this node waits for
 	// sent are the wake-ups sent to other nodes; the workflow must not
@@ -200,23 +169,23 @@ func (n *nodeState) learn(states map[int64]string) {
 }
 
 func bad(state string) bool {
-	return state == models.RunFailed || state == models.RunBlocked || state == models.RunCancelled
+	return state == contract.RunFailed || state == contract.RunBlocked || state == contract.RunCancelled
 }
 
-func good(state string) bool { return state == models.RunSucceeded || state == models.RunSkipped }
+func good(state string) bool { return state == contract.RunSucceeded || state == contract.RunSkipped }
 
 // blockDescendants marks pending runs whose parents failed; plan order is
 // topological, so one pass reaches every descendant on this node.
 func (n *nodeState) blockDescendants() []int64 {
 	var blocked []int64
 	for _, r := range n.plan.Runs {
-		if n.state[r.ID] != models.RunPending {
+		if n.state[r.ID] != contract.RunPending {
 			continue
 		}
 		hit := slices.ContainsFunc(r.Parents, func(p int64) bool { return bad(n.state[p]) }) ||
 			slices.ContainsFunc(r.Remote, func(p int64) bool { return bad(n.remote[p]) })
 		if hit {
-			n.state[r.ID] = models.RunBlocked
+			n.state[r.ID] = contract.RunBlocked
 			blocked = append(blocked, r.ID)
 		}
 	}
@@ -225,11 +194,11 @@ func (n *nodeState) blockDescendants() []int64 {
 
 // next returns the first pending run whose parents all succeeded, and
 // whether some pending run still waits on another node.
-func (n *nodeState) next() (*models.NodeRun, bool) {
+func (n *nodeState) next() (*contract.NodeRun, bool) {
 	waiting := false
 	for i := range n.plan.Runs {
 		r := &n.plan.Runs[i]
-		if n.state[r.ID] != models.RunPending {
+		if n.state[r.ID] != contract.RunPending {
 			continue
 		}
 		localOK := !slices.ContainsFunc(r.Parents, func(p int64) bool { return !good(n.state[p]) })
@@ -247,7 +216,7 @@ func (n *nodeState) next() (*models.NodeRun, bool) {
 func (n *nodeState) awaitedRemote() []int64 {
 	var ids []int64
 	for _, r := range n.plan.Runs {
-		if n.state[r.ID] != models.RunPending {
+		if n.state[r.ID] != contract.RunPending {
 			continue
 		}
 		for _, p := range r.Remote {
@@ -260,17 +229,16 @@ func (n *nodeState) awaitedRemote() []int64 {
 }
 
 // execute runs one task through the agent jig and records how it ended.
-func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
-	var a *activities.Activities
+func (n *nodeState) execute(ctx workflow.Context, r *contract.NodeRun) error {
 	if r.NoOp {
-		if err := workflow.ExecuteActivity(stateActivity(ctx), a.RecordNoOp, r.ID).Get(ctx, nil); err != nil {
+		if err := workflow.ExecuteActivity(stateActivity(ctx), contract.RecordNoOpActivity, r.ID).Get(ctx, nil); err != nil {
 			return fmt.Errorf("record no-op %s: %w", r.Task, err)
 		}
-		n.state[r.ID] = models.RunSucceeded
+		n.state[r.ID] = contract.RunSucceeded
 		n.tellRemoteKids(ctx, []int64{r.ID})
 		return nil
 	}
-	heartbeat := DefaultHeartbeatTimeout
+	heartbeat := contract.DefaultHeartbeatTimeout
 	if n.in.HeartbeatTimeoutSec > 0 {
 		heartbeat = time.Duration(n.in.HeartbeatTimeoutSec) * time.Second
 	}
@@ -287,14 +255,14 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 			MaximumAttempts:    int32(1 + r.Retries),
 		},
 	})
-	input := activities.RunTaskInput{RunID: r.ID, Task: r.Task, Node: n.in.NodeName}
-	jig := a.RunTaskOnNode
+	input := contract.RunTaskInput{RunID: r.ID, Task: r.Task, Node: n.in.NodeName}
+	jig := contract.RunTaskOnNodeActivity
 	if r.OnOrchestrator {
-		jig = a.RunOnOrchestrator
+		jig = contract.RunOnOrchestratorActivity
 	}
 	var oldBoot string
 	if r.Reboot {
-		if err := workflow.ExecuteLocalActivity(stateRead(ctx), NodeBootIDActivity, n.in.NodeID).Get(ctx, &oldBoot); err != nil {
+		if err := workflow.ExecuteLocalActivity(stateRead(ctx), contract.NodeBootIDActivity, n.in.NodeID).Get(ctx, &oldBoot); err != nil {
 			return fmt.Errorf("read the boot id of %s: %w", n.in.NodeName, err)
 		}
 	}
@@ -307,11 +275,11 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 			HeartbeatTimeout:    30 * time.Second,
 			Summary:             fmt.Sprintf("wait for %s to come back", n.in.NodeName),
 		})
-		wait := activities.RebootWait{RunID: r.ID, NodeID: n.in.NodeID, Node: n.in.NodeName, OldBootID: oldBoot, TimeoutSec: r.TimeoutSec}
-		err = workflow.ExecuteActivity(wctx, a.AwaitReboot, wait).Get(ctx, nil)
+		wait := contract.RebootWait{RunID: r.ID, NodeID: n.in.NodeID, Node: n.in.NodeName, OldBootID: oldBoot, TimeoutSec: r.TimeoutSec}
+		err = workflow.ExecuteActivity(wctx, contract.AwaitRebootActivity, wait).Get(ctx, nil)
 	}
 	if err == nil {
-		n.state[r.ID] = models.RunSucceeded
+		n.state[r.ID] = contract.RunSucceeded
 		n.tellRemoteKids(ctx, []int64{r.ID})
 		return nil
 	}
@@ -320,13 +288,13 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 		// stop marks it cancelled with the others that never started.
 		return nil
 	}
-	n.state[r.ID] = models.RunFailed
+	n.state[r.ID] = contract.RunFailed
 	var appErr *temporal.ApplicationError
-	if !errors.As(err, &appErr) || appErr.Type() != activities.ErrTypeTaskFailed {
+	if !errors.As(err, &appErr) || appErr.Type() != contract.ErrTypeTaskFailed {
 		// The agent never reported (lost, hung, or the run was cancelled):
 		// the run's row still says running.
 		reason := "no result from the node's agent: " + rootMessage(err)
-		if err := n.recordFailure(ctx, activities.RunFailure{RunID: r.ID, Reason: reason}); err != nil {
+		if err := n.recordFailure(ctx, contract.RunFailure{RunID: r.ID, Reason: reason}); err != nil {
 			return err
 		}
 	}
@@ -334,11 +302,10 @@ func (n *nodeState) execute(ctx workflow.Context, r *models.NodeRun) error {
 	return nil
 }
 
-func (n *nodeState) recordFailure(ctx workflow.Context, f activities.RunFailure) error {
-	var a *activities.Activities
+func (n *nodeState) recordFailure(ctx workflow.Context, f contract.RunFailure) error {
 	dctx, cancel := workflow.NewDisconnectedContext(ctx)
 	defer cancel()
-	if err := workflow.ExecuteActivity(stateActivity(dctx), a.RecordRunFailure, f).Get(dctx, nil); err != nil {
+	if err := workflow.ExecuteActivity(stateActivity(dctx), contract.RecordRunFailureActivity, f).Get(dctx, nil); err != nil {
 		return fmt.Errorf("record failure on %s: %w", n.in.NodeName, err)
 	}
 	return nil
@@ -366,8 +333,8 @@ func (n *nodeState) tellRemoteKids(ctx workflow.Context, ids []int64) {
 	for _, node := range nodes {
 		// A failed signal (the other node's workflow not started or already
 		// done) is harmless for the reason above.
-		f := workflow.SignalExternalWorkflow(ctx, NodeWorkflowID(n.in.TransactionID, node), "", SignalRunsFinished,
-			RunsFinished{States: byNode[node]})
+		f := workflow.SignalExternalWorkflow(ctx, contract.NodeWorkflowID(n.in.TransactionID, node), "", contract.SignalRunsFinished,
+			contract.RunsFinished{States: byNode[node]})
 		n.sent = append(n.sent, f)
 	}
 }
@@ -382,17 +349,17 @@ func (n *nodeState) idsIn(state string) []int64 {
 	return ids
 }
 
-func (n *nodeState) result() *NodeResult {
-	var out NodeResult
+func (n *nodeState) result() *contract.NodeResult {
+	var out contract.NodeResult
 	for _, r := range n.plan.Runs {
 		switch n.state[r.ID] {
-		case models.RunSucceeded, models.RunSkipped:
+		case contract.RunSucceeded, contract.RunSkipped:
 			out.Succeeded++
-		case models.RunFailed:
+		case contract.RunFailed:
 			out.Failed++
-		case models.RunBlocked:
+		case contract.RunBlocked:
 			out.Blocked++
-		case models.RunCancelled, models.RunPending:
+		case contract.RunCancelled, contract.RunPending:
 			out.Cancelled++
 		}
 	}

@@ -11,9 +11,7 @@ import (
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 type NodeSuite struct{ suiteBase }
@@ -22,8 +20,8 @@ func TestNodeRun(t *testing.T) { suite.Run(t, new(NodeSuite)) }
 
 func (s *NodeSuite) result(env interface {
 	GetWorkflowResult(any) error
-}) workflows.NodeResult {
-	var res workflows.NodeResult
+}) contract.NodeResult {
+	var res contract.NodeResult
 	s.Require().NoError(env.GetWorkflowResult(&res))
 	return res
 }
@@ -34,16 +32,16 @@ func (s *NodeSuite) result(env interface {
 func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 	env, f := s.newEnv()
 	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-		models.NodeRun{ID: 6, State: models.RunSkipped},
-		models.NodeRun{ID: 1, Task: "hostname", TimeoutSec: 30},
-		models.NodeRun{ID: 2, Parents: []int64{1}, NoOp: true},
-		models.NodeRun{ID: 3, Parents: []int64{2}},
-		models.NodeRun{ID: 4, Parents: []int64{1, 3}},
-		models.NodeRun{ID: 5, Parents: []int64{6}},
-		models.NodeRun{ID: 7, State: models.RunSucceeded},
+		contract.NodeRun{ID: 6, State: contract.RunSkipped},
+		contract.NodeRun{ID: 1, Task: "hostname", TimeoutSec: 30},
+		contract.NodeRun{ID: 2, Parents: []int64{1}, NoOp: true},
+		contract.NodeRun{ID: 3, Parents: []int64{2}},
+		contract.NodeRun{ID: 4, Parents: []int64{1, 3}},
+		contract.NodeRun{ID: 5, Parents: []int64{6}},
+		contract.NodeRun{ID: 7, State: contract.RunSucceeded},
 	)
 	var hb, stc time.Duration
-	f.runTask = func(ctx context.Context, in activities.RunTaskInput) error {
+	f.runTask = func(ctx context.Context, in contract.RunTaskInput) error {
 		if in.RunID == 1 {
 			info := activity.GetInfo(ctx)
 			hb, stc = info.HeartbeatTimeout, info.StartToCloseTimeout
@@ -52,12 +50,12 @@ func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 	}
 	in := nodeInput("node-a", 1)
 	in.HeartbeatTimeoutSec = 5
-	env.ExecuteWorkflow(workflows.NodeWorkflow, in)
+	env.ExecuteWorkflow(contract.NodeWorkflow, in)
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]string{"load 0/1", "run 1", "noop 2", "run 3", "run 4", "run 5", "end node 1 success"}, f.calls())
-	s.Equal([]activities.RunTaskInput{
+	s.Equal([]contract.RunTaskInput{
 		{RunID: 1, Task: "hostname", Node: "node-a"},
 		{RunID: 3, Task: "task3", Node: "node-a"},
 		{RunID: 4, Task: "task4", Node: "node-a"},
@@ -66,7 +64,7 @@ func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 	s.Equal(1, f.maxRuns, "runs of one node must not overlap")
 	s.Equal(5*time.Second, hb, "heartbeat timeout comes from the input")
 	s.Equal(30*time.Second+2*5*time.Second, stc, "start-to-close is the task timeout plus two heartbeats")
-	s.Equal(workflows.NodeResult{Succeeded: 7}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 7}, s.result(env))
 }
 
 // A task that failed on the node (TaskFailed: the agent's report already
@@ -75,50 +73,50 @@ func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 func (s *NodeSuite) TestTaskFailedBlocksDescendantsOnly() {
 	env, f := s.newEnv()
 	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-		models.NodeRun{ID: 1},
-		models.NodeRun{ID: 2, Parents: []int64{1}},
-		models.NodeRun{ID: 3},
-		models.NodeRun{ID: 4, Parents: []int64{2}},
-		models.NodeRun{ID: 5, Parents: []int64{3}},
+		contract.NodeRun{ID: 1},
+		contract.NodeRun{ID: 2, Parents: []int64{1}},
+		contract.NodeRun{ID: 3},
+		contract.NodeRun{ID: 4, Parents: []int64{2}},
+		contract.NodeRun{ID: 5, Parents: []int64{3}},
 	)
-	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
 		if in.RunID == 1 {
-			return temporal.NewApplicationError("task task1 failed on node-a with exit code 2", activities.ErrTypeTaskFailed)
+			return temporal.NewApplicationError("task task1 failed on node-a with exit code 2", contract.ErrTypeTaskFailed)
 		}
 		return nil
 	}
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]int64{1, 3, 5}, f.runIDs())
-	s.Equal([]activities.RunFailure{{Blocked: []int64{2, 4}}}, f.failures,
+	s.Equal([]contract.RunFailure{{Blocked: []int64{2, 4}}}, f.failures,
 		"only the descendants are written; the failed run itself was recorded by the agent's report")
 	s.Less(f.index("fail 0 blocked [2 4]"), f.index("run 3"), "descendants are blocked as soon as the failure is known")
-	s.Equal(workflows.NodeResult{Succeeded: 2, Failed: 1, Blocked: 2}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 2, Failed: 1, Blocked: 2}, s.result(env))
 }
 
 // Task retries re-run a task that failed on the node.
 func (s *NodeSuite) TestTaskRetries() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 1}] = nodePlan(nil, models.NodeRun{ID: 1, Retries: 2}, models.NodeRun{ID: 2, Parents: []int64{1}})
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 1, Retries: 2}, contract.NodeRun{ID: 2, Parents: []int64{1}})
 	attempts := 0
-	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
 		if in.RunID == 1 {
 			attempts++
 			if attempts < 3 {
-				return temporal.NewApplicationError("exit 1", activities.ErrTypeTaskFailed)
+				return temporal.NewApplicationError("exit 1", contract.ErrTypeTaskFailed)
 			}
 		}
 		return nil
 	}
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]int64{1, 1, 1, 2}, f.runIDs())
 	s.Empty(f.failures)
-	s.Equal(workflows.NodeResult{Succeeded: 2}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 2}, s.result(env))
 }
 
 // A node busy with something else past the activity's own wait: the
@@ -126,24 +124,24 @@ func (s *NodeSuite) TestTaskRetries() {
 // (retries 0 here) and recording no failure.
 func (s *NodeSuite) TestBusyNodeIsWaitedFor() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 1}] = nodePlan(nil, models.NodeRun{ID: 1}, models.NodeRun{ID: 2, Parents: []int64{1}})
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 1}, contract.NodeRun{ID: 2, Parents: []int64{1}})
 	calls := 0
-	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
 		if in.RunID == 1 {
 			calls++
 			if calls < 4 {
-				return temporal.NewNonRetryableApplicationError("node node-a is busy: noderole 9 (db) is in transition", activities.ErrTypeNodeBusy, nil)
+				return temporal.NewNonRetryableApplicationError("node node-a is busy: noderole 9 (db) is in transition", contract.ErrTypeNodeBusy, nil)
 			}
 		}
 		return nil
 	}
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]int64{1, 1, 1, 1, 2}, f.runIDs())
 	s.Empty(f.failures)
-	s.Equal(workflows.NodeResult{Succeeded: 2}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 2}, s.result(env))
 }
 
 // A run whose agent never reported (a heartbeat timeout, any error other
@@ -159,17 +157,17 @@ func (s *NodeSuite) TestLostAgentRecordsFailure() {
 		s.Run(name, func() {
 			env, f := s.newEnv()
 			f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-				models.NodeRun{ID: 1},
-				models.NodeRun{ID: 2, Parents: []int64{1}},
-				models.NodeRun{ID: 3},
+				contract.NodeRun{ID: 1},
+				contract.NodeRun{ID: 2, Parents: []int64{1}},
+				contract.NodeRun{ID: 3},
 			)
-			f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+			f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
 				if in.RunID == 1 {
 					return runErr
 				}
 				return nil
 			}
-			env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+			env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
 			s.Require().True(env.IsWorkflowCompleted())
 			s.Require().NoError(env.GetWorkflowError())
@@ -183,8 +181,8 @@ func (s *NodeSuite) TestLostAgentRecordsFailure() {
 				s.Contains(f.failures[0].Reason, "agent connection reset")
 			}
 			s.Empty(f.failures[0].Blocked)
-			s.Equal(activities.RunFailure{Blocked: []int64{2}}, f.failures[1])
-			s.Equal(workflows.NodeResult{Succeeded: 1, Failed: 1, Blocked: 1}, s.result(env))
+			s.Equal(contract.RunFailure{Blocked: []int64{2}}, f.failures[1])
+			s.Equal(contract.NodeResult{Succeeded: 1, Failed: 1, Blocked: 1}, s.result(env))
 		})
 	}
 }
@@ -193,20 +191,20 @@ func (s *NodeSuite) TestLostAgentRecordsFailure() {
 // says that parent succeeded; the node's other runs do not wait for it.
 func (s *NodeSuite) TestRemoteParentSignalSuccess() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunPending},
-		models.NodeRun{ID: 10, Remote: []int64{5}},
-		models.NodeRun{ID: 11},
-		models.NodeRun{ID: 12, Parents: []int64{10}},
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: contract.RunPending},
+		contract.NodeRun{ID: 10, Remote: []int64{5}},
+		contract.NodeRun{ID: 11},
+		contract.NodeRun{ID: 12, Parents: []int64{10}},
 	)
 	env.RegisterDelayedCallback(func() {
 		// A state for a run this node does not wait for changes nothing.
-		env.SignalWorkflow(workflows.SignalRunsFinished, workflows.RunsFinished{States: map[int64]string{99: models.RunFailed}})
+		env.SignalWorkflow(contract.SignalRunsFinished, contract.RunsFinished{States: map[int64]string{99: contract.RunFailed}})
 	}, 2*time.Second)
 	env.RegisterDelayedCallback(func() {
 		s.Equal([]int64{11}, f.runIDs(), "run 10 must wait for its remote parent")
-		env.SignalWorkflow(workflows.SignalRunsFinished, workflows.RunsFinished{States: map[int64]string{5: models.RunSucceeded}})
+		env.SignalWorkflow(contract.SignalRunsFinished, contract.RunsFinished{States: map[int64]string{5: contract.RunSucceeded}})
 	}, 5*time.Second)
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-b", 2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
@@ -214,30 +212,30 @@ func (s *NodeSuite) TestRemoteParentSignalSuccess() {
 	s.Equal(5*time.Second, f.runAt[10], "dispatched when the signal came")
 	s.Empty(f.checks, "the signal came before the fallback timer")
 	s.Empty(f.failures)
-	s.Equal(workflows.NodeResult{Succeeded: 3}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 3}, s.result(env))
 }
 
 // A signal that the remote parent failed blocks the waiting run and its
 // descendants, and the nodes waiting for those hear that they are blocked.
 func (s *NodeSuite) TestRemoteParentSignalFailure() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunRunning},
-		models.NodeRun{ID: 10, Remote: []int64{5}},
-		models.NodeRun{ID: 11},
-		models.NodeRun{ID: 12, Parents: []int64{10}, RemoteKids: []models.Peer{{RunID: 30, Node: "node-c"}}},
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: contract.RunRunning},
+		contract.NodeRun{ID: 10, Remote: []int64{5}},
+		contract.NodeRun{ID: 11},
+		contract.NodeRun{ID: 12, Parents: []int64{10}, RemoteKids: []contract.Peer{{RunID: 30, Node: "node-c"}}},
 	)
 	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(workflows.SignalRunsFinished, workflows.RunsFinished{States: map[int64]string{5: models.RunFailed}})
+		env.SignalWorkflow(contract.SignalRunsFinished, contract.RunsFinished{States: map[int64]string{5: contract.RunFailed}})
 	}, 5*time.Second)
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-b", 2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]int64{11}, f.runIDs())
-	s.Equal([]activities.RunFailure{{Blocked: []int64{10, 12}}}, f.failures)
-	s.Equal([]signal{{WorkflowID: "tx-T/node-c", Name: workflows.SignalRunsFinished,
-		States: map[int64]string{12: models.RunBlocked}}}, f.signals)
-	s.Equal(workflows.NodeResult{Succeeded: 1, Blocked: 2}, s.result(env))
+	s.Equal([]contract.RunFailure{{Blocked: []int64{10, 12}}}, f.failures)
+	s.Equal([]signal{{WorkflowID: "tx-T/node-c", Name: contract.SignalRunsFinished,
+		States: map[int64]string{12: contract.RunBlocked}}}, f.signals)
+	s.Equal(contract.NodeResult{Succeeded: 1, Blocked: 2}, s.result(env))
 }
 
 // Without a signal, the fallback timer reads the remote states from
@@ -245,55 +243,55 @@ func (s *NodeSuite) TestRemoteParentSignalFailure() {
 // report success.
 func (s *NodeSuite) TestRemoteParentTimerFallback() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunPending, 6: models.RunSucceeded},
-		models.NodeRun{ID: 10, Remote: []int64{5, 6}},
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: contract.RunPending, 6: contract.RunSucceeded},
+		contract.NodeRun{ID: 10, Remote: []int64{5, 6}},
 	)
 	f.checkStates = func(call int, ids []int64) map[int64]string {
 		if call < 2 {
-			return map[int64]string{5: models.RunRunning}
+			return map[int64]string{5: contract.RunRunning}
 		}
-		return map[int64]string{5: models.RunSucceeded}
+		return map[int64]string{5: contract.RunSucceeded}
 	}
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-b", 2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([][]int64{{5}, {5}}, f.checks, "only the remote parent not yet known to have succeeded is read")
 	s.Equal([]int64{10}, f.runIDs())
 	s.Equal(90*time.Second, f.runAt[10], "polls after 30s, then 60s later")
-	s.Equal(workflows.NodeResult{Succeeded: 1}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 1}, s.result(env))
 }
 
 // A remote parent that already succeeded when the node plan was loaded
 // does not make the run wait.
 func (s *NodeSuite) TestRemoteParentAlreadySucceeded() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunSucceeded, 6: models.RunSkipped},
-		models.NodeRun{ID: 10, Remote: []int64{5, 6}},
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: contract.RunSucceeded, 6: contract.RunSkipped},
+		contract.NodeRun{ID: 10, Remote: []int64{5, 6}},
 	)
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-b", 2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]int64{10}, f.runIDs())
 	s.Equal(time.Duration(0), f.runAt[10])
 	s.Empty(f.checks)
-	s.Equal(workflows.NodeResult{Succeeded: 1}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 1}, s.result(env))
 }
 
 // A remote parent that had already failed blocks at once.
 func (s *NodeSuite) TestRemoteParentAlreadyFailed() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunCancelled},
-		models.NodeRun{ID: 10, Remote: []int64{5}},
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: contract.RunCancelled},
+		contract.NodeRun{ID: 10, Remote: []int64{5}},
 	)
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-b", 2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Empty(f.runs)
-	s.Equal([]activities.RunFailure{{Blocked: []int64{10}}}, f.failures)
-	s.Equal(workflows.NodeResult{Blocked: 1}, s.result(env))
+	s.Equal([]contract.RunFailure{{Blocked: []int64{10}}}, f.failures)
+	s.Equal(contract.NodeResult{Blocked: 1}, s.result(env))
 }
 
 // A finished run wakes the nodes waiting for it: one signal per node, with
@@ -301,34 +299,34 @@ func (s *NodeSuite) TestRemoteParentAlreadyFailed() {
 func (s *NodeSuite) TestWakesRemoteKids() {
 	env, f := s.newEnv()
 	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-		models.NodeRun{ID: 1, RemoteKids: []models.Peer{{RunID: 20, Node: "node-c"}, {RunID: 21, Node: "node-b"}, {RunID: 22, Node: "node-c"}}},
-		models.NodeRun{ID: 2, NoOp: true, RemoteKids: []models.Peer{{RunID: 23, Node: "node-b"}}},
+		contract.NodeRun{ID: 1, RemoteKids: []contract.Peer{{RunID: 20, Node: "node-c"}, {RunID: 21, Node: "node-b"}, {RunID: 22, Node: "node-c"}}},
+		contract.NodeRun{ID: 2, NoOp: true, RemoteKids: []contract.Peer{{RunID: 23, Node: "node-b"}}},
 	)
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	// The mock of SignalExternalWorkflow runs on its own goroutine, so the
 	// order in which the signals reach it is not the order they were sent.
 	s.ElementsMatch([]signal{
-		{WorkflowID: "tx-T/node-b", Name: workflows.SignalRunsFinished, States: map[int64]string{1: models.RunSucceeded}},
-		{WorkflowID: "tx-T/node-c", Name: workflows.SignalRunsFinished, States: map[int64]string{1: models.RunSucceeded}},
-		{WorkflowID: "tx-T/node-b", Name: workflows.SignalRunsFinished, States: map[int64]string{2: models.RunSucceeded}},
+		{WorkflowID: "tx-T/node-b", Name: contract.SignalRunsFinished, States: map[int64]string{1: contract.RunSucceeded}},
+		{WorkflowID: "tx-T/node-c", Name: contract.SignalRunsFinished, States: map[int64]string{1: contract.RunSucceeded}},
+		{WorkflowID: "tx-T/node-b", Name: contract.SignalRunsFinished, States: map[int64]string{2: contract.RunSucceeded}},
 	}, f.signals)
-	s.Equal(workflows.NodeResult{Succeeded: 2}, s.result(env))
+	s.Equal(contract.NodeResult{Succeeded: 2}, s.result(env))
 }
 
 // Cancelling a node workflow while it waits for another node cancels its
 // pending runs and runs nothing.
 func (s *NodeSuite) TestCancelWhileWaiting() {
 	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: models.RunPending},
-		models.NodeRun{ID: 9},
-		models.NodeRun{ID: 10, Remote: []int64{5}},
-		models.NodeRun{ID: 11, Parents: []int64{10}},
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{5: contract.RunPending},
+		contract.NodeRun{ID: 9},
+		contract.NodeRun{ID: 10, Remote: []int64{5}},
+		contract.NodeRun{ID: 11, Parents: []int64{10}},
 	)
 	env.RegisterDelayedCallback(env.CancelWorkflow, 10*time.Second)
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-b", 2))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-b", 2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	err := env.GetWorkflowError()
@@ -346,7 +344,7 @@ func (s *NodeSuite) TestCancelWhileWaiting() {
 func (s *NodeSuite) TestLoadPlanFails() {
 	env, f := s.newEnv()
 	f.loadErr[1] = temporal.NewNonRetryableApplicationError("bad transaction id", "BadInput", nil)
-	env.ExecuteWorkflow(workflows.NodeWorkflow, nodeInput("node-a", 1))
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	err := env.GetWorkflowError()

@@ -9,18 +9,8 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
-
-// SoftwareDeploymentWorkflow is the workflow type of one round of a Heat
-// software deployment; its ID is swd-<deployment id> (models.SoftwareWorkflowID)
-// and each round (DEPLOY, REDEPLOY, UNDEPLOY) is a new run of that ID.
-const SoftwareDeploymentWorkflow = "SoftwareDeployment"
-
-// SignalSoftware carries a models.SoftwareSignalSummary from the API (when
-// the node's agent posts its signal) to the deployment's workflow.
-const SignalSoftware = "software-signal"
 
 // While a deployment's input references another deployment that is not
 // COMPLETE yet, the workflow polls Postgres (an activity) on a timer that
@@ -30,29 +20,16 @@ const (
 	SoftwareRefPollMax   = 30 * time.Second
 )
 
-// SoftwareInput starts a round of a software deployment.
-type SoftwareInput struct {
-	DeploymentID int64  `json:"deployment_id"`
-	Round        int    `json:"round"`
-	Action       string `json:"action"`
-}
-
-// SoftwareResult is how the round ended.
-type SoftwareResult struct {
-	Status string `json:"status"`
-	Reason string `json:"reason,omitempty"`
-}
-
 // EvaluateSoftwareSignal decides a round from the agent's signal: a
 // non-zero deploy_status_code fails it, and so does any non-empty value for
 // an output flagged error_output; otherwise it is COMPLETE.
-func EvaluateSoftwareSignal(errorOutputs []string, sig models.SoftwareSignalSummary) (status, reason string) {
+func EvaluateSoftwareSignal(errorOutputs []string, sig contract.SoftwareSignalSummary) (status, reason string) {
 	if sig.StatusCode != 0 {
 		reason = fmt.Sprintf("deploy_status_code %d", sig.StatusCode)
 		if sig.StatusReason != "" {
 			reason += ": " + sig.StatusReason
 		}
-		return models.SoftwareFailed, reason
+		return contract.SoftwareFailed, reason
 	}
 	var bad []string
 	for _, name := range errorOutputs {
@@ -62,9 +39,9 @@ func EvaluateSoftwareSignal(errorOutputs []string, sig models.SoftwareSignalSumm
 	}
 	if len(bad) > 0 {
 		sort.Strings(bad)
-		return models.SoftwareFailed, "error output signalled: " + strings.Join(bad, ", ")
+		return contract.SoftwareFailed, "error output signalled: " + strings.Join(bad, ", ")
 	}
-	return models.SoftwareComplete, ""
+	return contract.SoftwareComplete, ""
 }
 
 // SoftwareDeployment runs one round of a software deployment: it waits for
@@ -73,37 +50,36 @@ func EvaluateSoftwareSignal(errorOutputs []string, sig models.SoftwareSignalSumm
 // signal; the round's timeout (timeout_sec, counted from the start of the
 // run) fails it. A signal for another round is ignored, so repeated
 // signals change nothing.
-func SoftwareDeployment(ctx workflow.Context, in SoftwareInput) (*SoftwareResult, error) {
-	var a *activities.Activities
+func SoftwareDeployment(ctx workflow.Context, in contract.SoftwareInput) (*contract.SoftwareResult, error) {
 	log := workflow.GetLogger(ctx)
-	round := activities.SoftwareRound{DeploymentID: in.DeploymentID, Round: in.Round}
+	round := contract.SoftwareRound{DeploymentID: in.DeploymentID, Round: in.Round}
 	start := workflow.GetInfo(ctx).WorkflowStartTime
 	if start.IsZero() {
 		start = workflow.Now(ctx)
 	}
-	signals := workflow.GetSignalChannel(ctx, SignalSoftware)
+	signals := workflow.GetSignalChannel(ctx, contract.SignalSoftware)
 
-	var p models.SoftwarePrepared
+	var p contract.SoftwarePrepared
 	poll := SoftwareRefPollFirst
 	for {
-		if err := workflow.ExecuteActivity(stateActivity(ctx), a.PrepareSoftwareRound, round).Get(ctx, &p); err != nil {
+		if err := workflow.ExecuteActivity(stateActivity(ctx), contract.PrepareSoftwareRoundActivity, round).Get(ctx, &p); err != nil {
 			return nil, fmt.Errorf("start round %d of software deployment %d: %w", in.Round, in.DeploymentID, err)
 		}
 		switch {
 		case p.Stale:
 			log.Info("software deployment moved on to another round", "software_deployment", in.DeploymentID, "round", in.Round)
-			return &SoftwareResult{Status: "STALE", Reason: "the deployment moved on to another round or was deleted"}, nil
+			return &contract.SoftwareResult{Status: "STALE", Reason: "the deployment moved on to another round or was deleted"}, nil
 		case p.Final:
-			return &SoftwareResult{Status: p.Status}, nil
+			return &contract.SoftwareResult{Status: p.Status}, nil
 		case p.Failed != "":
-			return finishSoftware(ctx, round, models.SoftwareFailed, p.Failed)
+			return finishSoftware(ctx, round, contract.SoftwareFailed, p.Failed)
 		}
 		if p.Ready {
 			break
 		}
 		remaining := start.Add(time.Duration(p.TimeoutSec) * time.Second).Sub(workflow.Now(ctx))
 		if remaining <= 0 {
-			return finishSoftware(ctx, round, models.SoftwareFailed, fmt.Sprintf(
+			return finishSoftware(ctx, round, contract.SoftwareFailed, fmt.Sprintf(
 				"timed out after %ds waiting for software deployment(s) %s to complete (get_attr)", p.TimeoutSec, softwareIDs(p.WaitingFor)))
 		}
 		if err := workflow.Sleep(ctx, min(poll, remaining)); err != nil {
@@ -115,12 +91,12 @@ func SoftwareDeployment(ctx workflow.Context, in SoftwareInput) (*SoftwareResult
 	remaining := start.Add(time.Duration(p.TimeoutSec) * time.Second).Sub(workflow.Now(ctx))
 	timerCtx, cancelTimer := workflow.WithCancel(ctx)
 	timer := workflow.NewTimer(timerCtx, max(remaining, time.Millisecond))
-	var got *models.SoftwareSignalSummary
+	var got *contract.SoftwareSignalSummary
 	timedOut := false
 	for got == nil && !timedOut && ctx.Err() == nil {
 		sel := workflow.NewSelector(ctx)
 		sel.AddReceive(signals, func(c workflow.ReceiveChannel, _ bool) {
-			var sig models.SoftwareSignalSummary
+			var sig contract.SoftwareSignalSummary
 			c.Receive(ctx, &sig)
 			if sig.Round == in.Round {
 				got = &sig
@@ -142,29 +118,28 @@ func SoftwareDeployment(ctx workflow.Context, in SoftwareInput) (*SoftwareResult
 		status, reason := EvaluateSoftwareSignal(p.ErrorOutputs, *got)
 		return finishSoftware(ctx, round, status, reason)
 	case timedOut:
-		return finishSoftware(ctx, round, models.SoftwareFailed, fmt.Sprintf(
+		return finishSoftware(ctx, round, contract.SoftwareFailed, fmt.Sprintf(
 			"timed out after %ds: the agent of node %s did not signal round %d", p.TimeoutSec, p.Node, in.Round))
 	default:
 		return cancelledSoftware(ctx, round)
 	}
 }
 
-func finishSoftware(ctx workflow.Context, round activities.SoftwareRound, status, reason string) (*SoftwareResult, error) {
-	var a *activities.Activities
-	if err := workflow.ExecuteActivity(stateActivity(ctx), a.FinishSoftwareRound, activities.SoftwareEnd{
+func finishSoftware(ctx workflow.Context, round contract.SoftwareRound, status, reason string) (*contract.SoftwareResult, error) {
+	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.FinishSoftwareRoundActivity, contract.SoftwareEnd{
 		SoftwareRound: round, Status: status, Reason: reason,
 	}).Get(ctx, nil); err != nil {
 		return nil, fmt.Errorf("record the end of round %d of software deployment %d: %w", round.Round, round.DeploymentID, err)
 	}
-	return &SoftwareResult{Status: status, Reason: reason}, nil
+	return &contract.SoftwareResult{Status: status, Reason: reason}, nil
 }
 
 // cancelledSoftware records a cancelled round (temporal workflow cancel) as
 // FAILED, so that Postgres tells the truth.
-func cancelledSoftware(ctx workflow.Context, round activities.SoftwareRound) (*SoftwareResult, error) {
+func cancelledSoftware(ctx workflow.Context, round contract.SoftwareRound) (*contract.SoftwareResult, error) {
 	dctx, cancel := workflow.NewDisconnectedContext(ctx)
 	defer cancel()
-	if _, err := finishSoftware(dctx, round, models.SoftwareFailed, "cancelled"); err != nil {
+	if _, err := finishSoftware(dctx, round, contract.SoftwareFailed, "cancelled"); err != nil {
 		return nil, err
 	}
 	return nil, temporal.NewCanceledError("software deployment cancelled")

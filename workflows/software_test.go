@@ -12,8 +12,8 @@ import (
 	"go.temporal.io/sdk/testsuite"
 
 	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // softwareFake answers the software activities: prepares returns the
@@ -21,9 +21,9 @@ import (
 // FinishSoftwareRound.
 type softwareFake struct {
 	mu       sync.Mutex
-	prepares []models.SoftwarePrepared
+	prepares []contract.SoftwarePrepared
 	calls    int
-	ends     []activities.SoftwareEnd
+	ends     []contract.SoftwareEnd
 }
 
 func newSoftwareEnv(t *testing.T, f *softwareFake) *testsuite.TestWorkflowEnvironment {
@@ -32,7 +32,7 @@ func newSoftwareEnv(t *testing.T, f *softwareFake) *testsuite.TestWorkflowEnviro
 	workflows.Register(env)
 	a := &activities.Activities{}
 	env.OnActivity(a.PrepareSoftwareRound, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.SoftwareRound) (*models.SoftwarePrepared, error) {
+		func(_ context.Context, in contract.SoftwareRound) (*contract.SoftwarePrepared, error) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			p := f.prepares[min(f.calls, len(f.prepares)-1)]
@@ -40,7 +40,7 @@ func newSoftwareEnv(t *testing.T, f *softwareFake) *testsuite.TestWorkflowEnviro
 			return &p, nil
 		})
 	env.OnActivity(a.FinishSoftwareRound, mock.Anything, mock.Anything).Return(
-		func(_ context.Context, in activities.SoftwareEnd) (bool, error) {
+		func(_ context.Context, in contract.SoftwareEnd) (bool, error) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.ends = append(f.ends, in)
@@ -50,14 +50,14 @@ func newSoftwareEnv(t *testing.T, f *softwareFake) *testsuite.TestWorkflowEnviro
 	return env
 }
 
-var readyRound = models.SoftwarePrepared{Ready: true, Status: models.SoftwareInProgress, TimeoutSec: 600,
+var readyRound = contract.SoftwarePrepared{Ready: true, Status: contract.SoftwareInProgress, TimeoutSec: 600,
 	ErrorOutputs: []string{"err"}, Node: "n1"}
 
-func runSoftware(t *testing.T, env *testsuite.TestWorkflowEnvironment) workflows.SoftwareResult {
-	env.ExecuteWorkflow(workflows.SoftwareDeploymentWorkflow, workflows.SoftwareInput{DeploymentID: 7, Round: 2, Action: "DEPLOY"})
+func runSoftware(t *testing.T, env *testsuite.TestWorkflowEnvironment) contract.SoftwareResult {
+	env.ExecuteWorkflow(contract.SoftwareDeploymentWorkflow, contract.SoftwareInput{DeploymentID: 7, Round: 2, Action: "DEPLOY"})
 	require.True(t, env.IsWorkflowCompleted())
 	require.NoError(t, env.GetWorkflowError())
-	var res workflows.SoftwareResult
+	var res contract.SoftwareResult
 	require.NoError(t, env.GetWorkflowResult(&res))
 	return res
 }
@@ -65,74 +65,74 @@ func runSoftware(t *testing.T, env *testsuite.TestWorkflowEnvironment) workflows
 // The agent's signal completes the round; a signal of another round is
 // ignored, and later signals change nothing.
 func TestSoftwareSignalCompletes(t *testing.T) {
-	f := &softwareFake{prepares: []models.SoftwarePrepared{readyRound}}
+	f := &softwareFake{prepares: []contract.SoftwarePrepared{readyRound}}
 	env := newSoftwareEnv(t, f)
 	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(workflows.SignalSoftware, models.SoftwareSignalSummary{Round: 1, StatusCode: 5})
+		env.SignalWorkflow(contract.SignalSoftware, contract.SoftwareSignalSummary{Round: 1, StatusCode: 5})
 	}, time.Minute)
 	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(workflows.SignalSoftware, models.SoftwareSignalSummary{Round: 2, Present: map[string]string{"v": "x"}})
-		env.SignalWorkflow(workflows.SignalSoftware, models.SoftwareSignalSummary{Round: 2, StatusCode: 1})
+		env.SignalWorkflow(contract.SignalSoftware, contract.SoftwareSignalSummary{Round: 2, Present: map[string]string{"v": "x"}})
+		env.SignalWorkflow(contract.SignalSoftware, contract.SoftwareSignalSummary{Round: 2, StatusCode: 1})
 	}, 2*time.Minute)
 	res := runSoftware(t, env)
-	assert.Equal(t, models.SoftwareComplete, res.Status)
+	assert.Equal(t, contract.SoftwareComplete, res.Status)
 	require.Len(t, f.ends, 1)
-	assert.Equal(t, activities.SoftwareEnd{SoftwareRound: activities.SoftwareRound{DeploymentID: 7, Round: 2}, Status: models.SoftwareComplete}, f.ends[0])
+	assert.Equal(t, contract.SoftwareEnd{SoftwareRound: contract.SoftwareRound{DeploymentID: 7, Round: 2}, Status: contract.SoftwareComplete}, f.ends[0])
 }
 
 // No signal within the timeout fails the round.
 func TestSoftwareTimeoutFails(t *testing.T) {
 	p := readyRound
 	p.TimeoutSec = 30
-	f := &softwareFake{prepares: []models.SoftwarePrepared{p}}
+	f := &softwareFake{prepares: []contract.SoftwarePrepared{p}}
 	env := newSoftwareEnv(t, f)
 	res := runSoftware(t, env)
-	assert.Equal(t, models.SoftwareFailed, res.Status)
+	assert.Equal(t, contract.SoftwareFailed, res.Status)
 	assert.Contains(t, res.Reason, "timed out after 30s")
 	require.Len(t, f.ends, 1)
-	assert.Equal(t, models.SoftwareFailed, f.ends[0].Status)
+	assert.Equal(t, contract.SoftwareFailed, f.ends[0].Status)
 }
 
 // A value for an error output fails the round, naming the output; so does
 // a non-zero status code.
 func TestSoftwareErrorOutputFails(t *testing.T) {
-	f := &softwareFake{prepares: []models.SoftwarePrepared{readyRound}}
+	f := &softwareFake{prepares: []contract.SoftwarePrepared{readyRound}}
 	env := newSoftwareEnv(t, f)
 	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(workflows.SignalSoftware, models.SoftwareSignalSummary{Round: 2, Present: map[string]string{"err": "disk full", "ok": "1"}})
+		env.SignalWorkflow(contract.SignalSoftware, contract.SoftwareSignalSummary{Round: 2, Present: map[string]string{"err": "disk full", "ok": "1"}})
 	}, time.Second)
 	res := runSoftware(t, env)
-	assert.Equal(t, models.SoftwareFailed, res.Status)
+	assert.Equal(t, contract.SoftwareFailed, res.Status)
 	assert.Contains(t, res.Reason, `err="disk full"`)
 
-	status, reason := workflows.EvaluateSoftwareSignal(nil, models.SoftwareSignalSummary{StatusCode: 127, StatusReason: `unknown group "puppet"`})
-	assert.Equal(t, models.SoftwareFailed, status)
+	status, reason := workflows.EvaluateSoftwareSignal(nil, contract.SoftwareSignalSummary{StatusCode: 127, StatusReason: `unknown group "puppet"`})
+	assert.Equal(t, contract.SoftwareFailed, status)
 	assert.Equal(t, `deploy_status_code 127: unknown group "puppet"`, reason)
 }
 
 // A round whose inputs reference an unfinished deployment waits for it,
 // polling, and starts once it is COMPLETE; a reference that FAILED fails it.
 func TestSoftwareWaitsForReferences(t *testing.T) {
-	waiting := models.SoftwarePrepared{Status: models.SoftwareWaiting, TimeoutSec: 600, WaitingFor: []int64{3}}
-	f := &softwareFake{prepares: []models.SoftwarePrepared{waiting, waiting, readyRound}}
+	waiting := contract.SoftwarePrepared{Status: contract.SoftwareWaiting, TimeoutSec: 600, WaitingFor: []int64{3}}
+	f := &softwareFake{prepares: []contract.SoftwarePrepared{waiting, waiting, readyRound}}
 	env := newSoftwareEnv(t, f)
 	env.RegisterDelayedCallback(func() {
-		env.SignalWorkflow(workflows.SignalSoftware, models.SoftwareSignalSummary{Round: 2})
+		env.SignalWorkflow(contract.SignalSoftware, contract.SoftwareSignalSummary{Round: 2})
 	}, time.Minute)
 	res := runSoftware(t, env)
-	assert.Equal(t, models.SoftwareComplete, res.Status)
+	assert.Equal(t, contract.SoftwareComplete, res.Status)
 	assert.Equal(t, 3, f.calls)
 
-	f = &softwareFake{prepares: []models.SoftwarePrepared{{Failed: "input who: get_attr refers to software deployment 3, which FAILED"}}}
+	f = &softwareFake{prepares: []contract.SoftwarePrepared{{Failed: "input who: get_attr refers to software deployment 3, which FAILED"}}}
 	env = newSoftwareEnv(t, f)
 	res = runSoftware(t, env)
-	assert.Equal(t, models.SoftwareFailed, res.Status)
+	assert.Equal(t, contract.SoftwareFailed, res.Status)
 	assert.Contains(t, res.Reason, "deployment 3")
 
 	waiting.TimeoutSec = 10
-	f = &softwareFake{prepares: []models.SoftwarePrepared{waiting}}
+	f = &softwareFake{prepares: []contract.SoftwarePrepared{waiting}}
 	env = newSoftwareEnv(t, f)
 	res = runSoftware(t, env)
-	assert.Equal(t, models.SoftwareFailed, res.Status)
+	assert.Equal(t, contract.SoftwareFailed, res.Status)
 	assert.Contains(t, res.Reason, "waiting for software deployment(s) 3")
 }

@@ -7,23 +7,12 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
-
-// TransactionInput starts a transaction workflow. Everything else is read
-// from Postgres by the activities.
-type TransactionInput struct {
-	TransactionID string `json:"transaction_id"`
-	// Graphs is how many graphs the transaction runs, one after another.
-	Graphs int `json:"graphs"`
-	// HeartbeatTimeoutSec overrides DefaultHeartbeatTimeout.
-	HeartbeatTimeoutSec int `json:"heartbeat_timeout_sec,omitempty"`
-}
 
 // graphResult sums up the node workflows of one graph.
 type graphResult struct {
-	NodeResult
+	contract.NodeResult
 	lost    []string // nodes whose workflow ended abnormally
 	aborted string   // why the failure threshold stopped the graph
 }
@@ -32,14 +21,13 @@ type graphResult struct {
 // planned by an activity, then executed by one child workflow per node. A
 // graph with failures stops the transaction; cancelling the workflow stops
 // dispatching, lets running tasks finish, and records what never ran.
-func Transaction(ctx workflow.Context, in TransactionInput) (*activities.TransactionOutcome, error) {
-	var a *activities.Activities
+func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.TransactionOutcome, error) {
 	log := workflow.GetLogger(ctx)
 	stopped, failReason := false, ""
 	for gi := 0; gi < in.Graphs; gi++ {
-		ref := activities.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi}
-		var gp models.GraphPlan
-		err := workflow.ExecuteActivity(stateActivity(ctx), a.PlanGraph, ref).Get(ctx, &gp)
+		ref := contract.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi}
+		var gp contract.GraphPlan
+		err := workflow.ExecuteActivity(stateActivity(ctx), contract.PlanGraphActivity, ref).Get(ctx, &gp)
 		if err != nil {
 			if temporal.IsCanceledError(err) || ctx.Err() != nil {
 				stopped = true
@@ -72,9 +60,9 @@ func Transaction(ctx workflow.Context, in TransactionInput) (*activities.Transac
 	// Recording the end must happen even when the workflow was cancelled.
 	dctx, cancel := workflow.NewDisconnectedContext(ctx)
 	defer cancel()
-	var out activities.TransactionOutcome
-	finish := activities.FinishInput{TransactionID: in.TransactionID, Stopped: stopped, FailReason: failReason}
-	if err := workflow.ExecuteActivity(stateActivity(dctx), a.FinishTransaction, finish).Get(dctx, &out); err != nil {
+	var out contract.TransactionOutcome
+	finish := contract.FinishInput{TransactionID: in.TransactionID, Stopped: stopped, FailReason: failReason}
+	if err := workflow.ExecuteActivity(stateActivity(dctx), contract.FinishTransactionActivity, finish).Get(dctx, &out); err != nil {
 		return nil, fmt.Errorf("record end of transaction %s: %w", in.TransactionID, err)
 	}
 	if stopped {
@@ -85,11 +73,10 @@ func Transaction(ctx workflow.Context, in TransactionInput) (*activities.Transac
 
 // runGraph starts a node workflow per planned node, at most
 // MaxNodesInFlight at a time, and waits for all of them.
-func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.GraphPlan) graphResult {
-	var a *activities.Activities
+func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *contract.GraphPlan) graphResult {
 	limit := gp.MaxNodesInFlight
 	if limit <= 0 {
-		limit = models.DefaultMaxNodesInFlight
+		limit = contract.DefaultMaxNodesInFlight
 	}
 	threshold := 100
 	if gp.FailureThreshold != nil {
@@ -113,19 +100,19 @@ func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.Grap
 		}
 		node := node
 		cctx := workflow.WithChildOptions(gctx, workflow.ChildWorkflowOptions{
-			WorkflowID:          NodeWorkflowID(in.TransactionID, node.Name),
+			WorkflowID:          contract.NodeWorkflowID(in.TransactionID, node.Name),
 			WaitForCancellation: true,
 			StaticSummary:       fmt.Sprintf("%s graph on %s: %d task(s)", gp.GraphType, node.Name, node.Runs),
 		})
-		nin := NodeInput{
-			GraphRef:  activities.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi},
+		nin := contract.NodeInput{
+			GraphRef:  contract.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi},
 			GraphType: gp.GraphType, NodeID: node.ID, NodeName: node.Name,
 			HeartbeatTimeoutSec: in.HeartbeatTimeoutSec,
 		}
-		f := workflow.ExecuteChildWorkflow(cctx, NodeWorkflow, nin)
+		f := workflow.ExecuteChildWorkflow(cctx, contract.NodeWorkflow, nin)
 		inFlight++
 		sel.AddFuture(f, func(f workflow.Future) {
-			var r NodeResult
+			var r contract.NodeResult
 			err := f.Get(ctx, &r)
 			defer func() {
 				if res.aborted == "" && failedNodes*100 > threshold*len(gp.Nodes) {
@@ -135,7 +122,7 @@ func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.Grap
 				}
 			}()
 			if err == nil {
-				res.add(r)
+				res.Add(r)
 				if r.Failed > 0 {
 					failedNodes++
 				}
@@ -151,11 +138,11 @@ func runGraph(ctx workflow.Context, in TransactionInput, gi int, gp *models.Grap
 			res.lost = append(res.lost, node.Name)
 			dctx, cancel := workflow.NewDisconnectedContext(ctx)
 			defer cancel()
-			abandon := activities.NodeAbandon{
-				NodeRef: activities.NodeRef{GraphRef: nin.GraphRef, NodeID: node.ID},
+			abandon := contract.NodeAbandon{
+				NodeRef: contract.NodeRef{GraphRef: nin.GraphRef, NodeID: node.ID},
 				Reason:  "node workflow ended abnormally: " + rootMessage(err),
 			}
-			_ = workflow.ExecuteActivity(stateActivity(dctx), a.AbandonNodeRuns, abandon).Get(dctx, nil)
+			_ = workflow.ExecuteActivity(stateActivity(dctx), contract.AbandonNodeRunsActivity, abandon).Get(dctx, nil)
 			res.Failed++
 		})
 	}

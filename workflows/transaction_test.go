@@ -14,21 +14,19 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/anneal-dev/anneal/activities"
-	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 type TransactionSuite struct{ suiteBase }
 
 func TestTransaction(t *testing.T) { suite.Run(t, new(TransactionSuite)) }
 
-func txInput(graphs int) workflows.TransactionInput {
-	return workflows.TransactionInput{TransactionID: txID, Graphs: graphs}
+func txInput(graphs int) contract.TransactionInput {
+	return contract.TransactionInput{TransactionID: txID, Graphs: graphs}
 }
 
-func graphPlan(nodes ...models.PlannedNode) *models.GraphPlan {
-	gp := &models.GraphPlan{GraphType: "deployment", Nodes: nodes}
+func graphPlan(nodes ...contract.PlannedNode) *contract.GraphPlan {
+	gp := &contract.GraphPlan{GraphType: "deployment", Nodes: nodes}
 	for _, n := range nodes {
 		gp.Runs += n.Runs
 	}
@@ -37,8 +35,8 @@ func graphPlan(nodes ...models.PlannedNode) *models.GraphPlan {
 
 func (s *TransactionSuite) outcome(env interface {
 	GetWorkflowResult(any) error
-}) activities.TransactionOutcome {
-	var out activities.TransactionOutcome
+}) contract.TransactionOutcome {
+	var out contract.TransactionOutcome
 	s.Require().NoError(env.GetWorkflowResult(&out))
 	return out
 }
@@ -47,14 +45,14 @@ func (s *TransactionSuite) outcome(env interface {
 // message; it is not retried and no node workflow starts.
 func (s *TransactionSuite) TestPlanError() {
 	for name, planErr := range map[string]error{
-		"non-retryable": temporal.NewNonRetryableApplicationError("cycle: a -> b -> a", activities.ErrTypePlan, nil),
+		"non-retryable": temporal.NewNonRetryableApplicationError("cycle: a -> b -> a", contract.ErrTypePlan, nil),
 		// The retry policy itself must not retry a PlanError either.
-		"retryable type PlanError": temporal.NewApplicationError("cycle: a -> b -> a", activities.ErrTypePlan),
+		"retryable type PlanError": temporal.NewApplicationError("cycle: a -> b -> a", contract.ErrTypePlan),
 	} {
 		s.Run(name, func() {
 			env, f := s.newEnv()
 			f.planErr = planErr
-			env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+			env.ExecuteWorkflow(contract.TransactionWorkflow, txInput(2))
 
 			s.Require().True(env.IsWorkflowCompleted())
 			s.Require().NoError(env.GetWorkflowError())
@@ -74,16 +72,16 @@ func (s *TransactionSuite) TestPlanError() {
 func (s *TransactionSuite) TestDryRun() {
 	env, f := s.newEnv()
 	for gi := range 2 {
-		gp := graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 2})
+		gp := graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 2})
 		gp.DryRun = true
 		f.graphPlans[gi] = gp
 	}
-	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+	env.ExecuteWorkflow(contract.TransactionWorkflow, txInput(2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]string{"plan 0", "plan 1", "finish"}, f.calls())
-	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+	s.Equal([]contract.FinishInput{{TransactionID: txID}}, f.finishes)
 	s.Equal("succeeded", s.outcome(env).Status)
 }
 
@@ -93,22 +91,22 @@ func (s *TransactionSuite) TestDryRun() {
 // not on the fallback timer.
 func (s *TransactionSuite) TestGraphsInOrderWithCrossNodeWakeUp() {
 	env, f := s.newEnv()
-	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
-	f.graphPlans[1] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
+	f.graphPlans[0] = graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, contract.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
+	f.graphPlans[1] = graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
 	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-		models.NodeRun{ID: 101, RemoteKids: []models.Peer{{RunID: 201, Node: "node-b"}}})
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{101: models.RunPending},
-		models.NodeRun{ID: 201, Remote: []int64{101}},
-		models.NodeRun{ID: 202, Parents: []int64{201}})
-	f.nodePlans[planKey{1, 1}] = nodePlan(nil, models.NodeRun{ID: 111})
+		contract.NodeRun{ID: 101, RemoteKids: []contract.Peer{{RunID: 201, Node: "node-b"}}})
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{101: contract.RunPending},
+		contract.NodeRun{ID: 201, Remote: []int64{101}},
+		contract.NodeRun{ID: 202, Parents: []int64{201}})
+	f.nodePlans[planKey{1, 1}] = nodePlan(nil, contract.NodeRun{ID: 111})
 	f.checkStates = func(int, []int64) map[int64]string {
-		return map[int64]string{101: models.RunPending} // only the signal can release node-b
+		return map[int64]string{101: contract.RunPending} // only the signal can release node-b
 	}
-	f.runTask = func(context.Context, activities.RunTaskInput) error {
+	f.runTask = func(context.Context, contract.RunTaskInput) error {
 		time.Sleep(5 * time.Millisecond) // node-b is waiting by now
 		return nil
 	}
-	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+	env.ExecuteWorkflow(contract.TransactionWorkflow, txInput(2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
@@ -118,12 +116,12 @@ func (s *TransactionSuite) TestGraphsInOrderWithCrossNodeWakeUp() {
 	plan1 := slices.Index(calls, "plan 1")
 	s.Greater(plan1, slices.Index(calls, "run 202"), "graph 1 is planned after graph 0 finished: %v", calls)
 	s.Equal("finish", calls[len(calls)-1])
-	s.ElementsMatch([]activities.NodeRef{
-		{GraphRef: activities.GraphRef{TransactionID: txID, GraphIndex: 0}, NodeID: 1},
-		{GraphRef: activities.GraphRef{TransactionID: txID, GraphIndex: 0}, NodeID: 2},
-		{GraphRef: activities.GraphRef{TransactionID: txID, GraphIndex: 1}, NodeID: 1},
+	s.ElementsMatch([]contract.NodeRef{
+		{GraphRef: contract.GraphRef{TransactionID: txID, GraphIndex: 0}, NodeID: 1},
+		{GraphRef: contract.GraphRef{TransactionID: txID, GraphIndex: 0}, NodeID: 2},
+		{GraphRef: contract.GraphRef{TransactionID: txID, GraphIndex: 1}, NodeID: 1},
 	}, f.loads)
-	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+	s.Equal([]contract.FinishInput{{TransactionID: txID}}, f.finishes)
 	s.Equal("succeeded", s.outcome(env).Status)
 }
 
@@ -132,49 +130,49 @@ func (s *TransactionSuite) TestGraphsInOrderWithCrossNodeWakeUp() {
 // planned. The transaction's status comes from the runs, so no FailReason.
 func (s *TransactionSuite) TestFailedGraphStopsLaterGraphs() {
 	env, f := s.newEnv()
-	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
-	f.graphPlans[1] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
+	f.graphPlans[0] = graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, contract.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
+	f.graphPlans[1] = graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
 	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-		models.NodeRun{ID: 101, RemoteKids: []models.Peer{{RunID: 201, Node: "node-b"}}})
-	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{101: models.RunPending},
-		models.NodeRun{ID: 201, Remote: []int64{101}},
-		models.NodeRun{ID: 202})
-	f.nodePlans[planKey{1, 1}] = nodePlan(nil, models.NodeRun{ID: 111})
+		contract.NodeRun{ID: 101, RemoteKids: []contract.Peer{{RunID: 201, Node: "node-b"}}})
+	f.nodePlans[planKey{0, 2}] = nodePlan(map[int64]string{101: contract.RunPending},
+		contract.NodeRun{ID: 201, Remote: []int64{101}},
+		contract.NodeRun{ID: 202})
+	f.nodePlans[planKey{1, 1}] = nodePlan(nil, contract.NodeRun{ID: 111})
 	f.checkStates = func(int, []int64) map[int64]string {
-		return map[int64]string{101: models.RunPending}
+		return map[int64]string{101: contract.RunPending}
 	}
-	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
 		if in.RunID == 101 {
-			return temporal.NewApplicationError("exit 1", activities.ErrTypeTaskFailed)
+			return temporal.NewApplicationError("exit 1", contract.ErrTypeTaskFailed)
 		}
 		return nil
 	}
-	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+	env.ExecuteWorkflow(contract.TransactionWorkflow, txInput(2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]int{0}, f.planned, "graph 1 must not be planned")
 	s.ElementsMatch([]int64{101, 202}, f.runIDs())
-	s.Equal([]activities.RunFailure{{Blocked: []int64{201}}}, f.failures)
+	s.Equal([]contract.RunFailure{{Blocked: []int64{201}}}, f.failures)
 	s.Empty(f.checks, "node-b learnt of the failure from node-a's signal")
-	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+	s.Equal([]contract.FinishInput{{TransactionID: txID}}, f.finishes)
 }
 
 // A node workflow that dies (here: its plan cannot be loaded) has its runs
 // abandoned so nothing waits for them, and the transaction fails naming it.
 func (s *TransactionSuite) TestLostNodeWorkflow() {
 	env, f := s.newEnv()
-	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 1})
-	f.nodePlans[planKey{0, 1}] = nodePlan(nil, models.NodeRun{ID: 101})
+	f.graphPlans[0] = graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, contract.PlannedNode{ID: 2, Name: "node-b", Runs: 1})
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 101})
 	f.loadErr[2] = temporal.NewNonRetryableApplicationError("no such node", "BadInput", nil)
-	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+	env.ExecuteWorkflow(contract.TransactionWorkflow, txInput(2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([]int{0}, f.planned)
 	s.Equal([]int64{101}, f.runIDs())
 	s.Require().Len(f.abandons, 1)
-	s.Equal(activities.NodeRef{GraphRef: activities.GraphRef{TransactionID: txID}, NodeID: 2}, f.abandons[0].NodeRef)
+	s.Equal(contract.NodeRef{GraphRef: contract.GraphRef{TransactionID: txID}, NodeID: 2}, f.abandons[0].NodeRef)
 	s.Contains(f.abandons[0].Reason, "node workflow ended abnormally")
 	s.Contains(f.abandons[0].Reason, "no such node")
 	s.Require().Len(f.finishes, 1)
@@ -187,9 +185,9 @@ func (s *TransactionSuite) TestLostNodeWorkflow() {
 // readable ID and its input. The node workflow is mocked here.
 func (s *TransactionSuite) TestMaxNodesInFlight() {
 	env, f := s.newEnv()
-	var nodes []models.PlannedNode
+	var nodes []contract.PlannedNode
 	for i := range 5 {
-		nodes = append(nodes, models.PlannedNode{ID: int64(i + 1), Name: fmt.Sprintf("node-%d", i+1), Runs: 1})
+		nodes = append(nodes, contract.PlannedNode{ID: int64(i + 1), Name: fmt.Sprintf("node-%d", i+1), Runs: 1})
 	}
 	f.graphPlans[0] = graphPlan(nodes...)
 	f.graphPlans[0].MaxNodesInFlight = 2
@@ -197,10 +195,10 @@ func (s *TransactionSuite) TestMaxNodesInFlight() {
 		mu               sync.Mutex
 		running, maxRuns int
 		ids              []string
-		inputs           []workflows.NodeInput
+		inputs           []contract.NodeInput
 	)
-	env.OnWorkflow(workflows.NodeWorkflow, mock.Anything, mock.Anything).Return(
-		func(ctx workflow.Context, in workflows.NodeInput) (*workflows.NodeResult, error) {
+	env.OnWorkflow(contract.NodeWorkflow, mock.Anything, mock.Anything).Return(
+		func(ctx workflow.Context, in contract.NodeInput) (*contract.NodeResult, error) {
 			mu.Lock()
 			running++
 			maxRuns = max(maxRuns, running)
@@ -213,34 +211,34 @@ func (s *TransactionSuite) TestMaxNodesInFlight() {
 			mu.Lock()
 			running--
 			mu.Unlock()
-			return &workflows.NodeResult{Succeeded: 1}, nil
+			return &contract.NodeResult{Succeeded: 1}, nil
 		})
 	in := txInput(1)
 	in.HeartbeatTimeoutSec = 7
-	env.ExecuteWorkflow(workflows.TransactionWorkflow, in)
+	env.ExecuteWorkflow(contract.TransactionWorkflow, in)
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal(2, maxRuns)
 	s.ElementsMatch([]string{"tx-T/node-1", "tx-T/node-2", "tx-T/node-3", "tx-T/node-4", "tx-T/node-5"}, ids)
 	s.Require().Len(inputs, 5)
-	s.Contains(inputs, workflows.NodeInput{
-		GraphRef:  activities.GraphRef{TransactionID: txID, GraphIndex: 0},
+	s.Contains(inputs, contract.NodeInput{
+		GraphRef:  contract.GraphRef{TransactionID: txID, GraphIndex: 0},
 		GraphType: "deployment", NodeID: 3, NodeName: "node-3", HeartbeatTimeoutSec: 7,
 	})
-	s.Equal([]activities.FinishInput{{TransactionID: txID}}, f.finishes)
+	s.Equal([]contract.FinishInput{{TransactionID: txID}}, f.finishes)
 }
 
 // cancelDuringRun sets up a transaction whose node-a is running run 1 when
 // the transaction is cancelled; run 2 depends on run 1, run 3 does not.
 func (s *TransactionSuite) cancelDuringRun() *fake {
 	env, f := s.newEnv()
-	f.graphPlans[0] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 3})
-	f.graphPlans[1] = graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
+	f.graphPlans[0] = graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 3})
+	f.graphPlans[1] = graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 1})
 	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-		models.NodeRun{ID: 1},
-		models.NodeRun{ID: 2, Parents: []int64{1}},
-		models.NodeRun{ID: 3},
+		contract.NodeRun{ID: 1},
+		contract.NodeRun{ID: 2, Parents: []int64{1}},
+		contract.NodeRun{ID: 3},
 	)
 	cancelled := make(chan struct{})
 	var once sync.Once
@@ -249,7 +247,7 @@ func (s *TransactionSuite) cancelDuringRun() *fake {
 			once.Do(func() { close(cancelled) })
 		}
 	})
-	f.runTask = func(_ context.Context, in activities.RunTaskInput) error {
+	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
 		if in.RunID == 1 {
 			env.CancelWorkflow()
 			select {
@@ -259,7 +257,7 @@ func (s *TransactionSuite) cancelDuringRun() *fake {
 		}
 		return nil
 	}
-	env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(2))
+	env.ExecuteWorkflow(contract.TransactionWorkflow, txInput(2))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	err := env.GetWorkflowError()
@@ -278,7 +276,7 @@ func (s *TransactionSuite) TestCancelWhileRunInFlight() {
 	s.Contains(f.cancelled(), int64(3))
 	s.True(slices.Contains(f.cancelled(), 2) || slices.Contains(f.blocked(), 2),
 		"run 2 must end cancelled or blocked, not stay pending: cancelled %v, blocked %v", f.cancelled(), f.blocked())
-	s.Equal([]activities.FinishInput{{TransactionID: txID, Stopped: true}}, f.finishes)
+	s.Equal([]contract.FinishInput{{TransactionID: txID, Stopped: true}}, f.finishes)
 	calls := f.calls()
 	s.Equal("finish", calls[len(calls)-1])
 }
@@ -310,23 +308,23 @@ func (s *TransactionSuite) TestFailureThreshold() {
 	} {
 		s.Run(name, func() {
 			env, f := s.newEnv()
-			gp := graphPlan(models.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, models.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
+			gp := graphPlan(contract.PlannedNode{ID: 1, Name: "node-a", Runs: 1}, contract.PlannedNode{ID: 2, Name: "node-b", Runs: 2})
 			threshold := tc.threshold
 			gp.FailureThreshold = &threshold
 			f.graphPlans[0] = gp
-			f.nodePlans[planKey{0, 1}] = nodePlan(nil, models.NodeRun{ID: 101})
-			f.nodePlans[planKey{0, 2}] = nodePlan(nil, models.NodeRun{ID: 201}, models.NodeRun{ID: 202, Parents: []int64{201}})
-			f.runTask = func(ctx context.Context, in activities.RunTaskInput) error {
+			f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 101})
+			f.nodePlans[planKey{0, 2}] = nodePlan(nil, contract.NodeRun{ID: 201}, contract.NodeRun{ID: 202, Parents: []int64{201}})
+			f.runTask = func(ctx context.Context, in contract.RunTaskInput) error {
 				switch in.RunID {
 				case 101:
-					return temporal.NewApplicationError("exit 1", activities.ErrTypeTaskFailed)
+					return temporal.NewApplicationError("exit 1", contract.ErrTypeTaskFailed)
 				case 201:
 					// node-b is busy while node-a fails.
 					time.Sleep(50 * time.Millisecond)
 				}
 				return nil
 			}
-			env.ExecuteWorkflow(workflows.TransactionWorkflow, txInput(1))
+			env.ExecuteWorkflow(contract.TransactionWorkflow, txInput(1))
 
 			s.Require().True(env.IsWorkflowCompleted())
 			s.Require().NoError(env.GetWorkflowError())

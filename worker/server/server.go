@@ -21,11 +21,12 @@ import (
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // Defaults shared by the binaries and the dev environment.
 const (
-	DefaultTaskQueue = activities.DefaultTaskQueue
+	DefaultTaskQueue = contract.DefaultTaskQueue
 	DefaultDomain    = "anneal.test"
 	DefaultAPIAddr   = "127.0.0.1:8080"
 )

@@ -1,0 +1,91 @@
+// Package contract is everything Temporal sees of anneal: workflow type
+// names, activity names, signal names, workflow ID formats, error types,
+// the payloads of workflows, activities and signals, and the state
+// constants that workflows branch on. The API (web), the activities and the
+// workflows meet only here, so that a change to any of it is one diff in one
+// place, and it is a leaf: it imports nothing but the Temporal SDK.
+//
+// Everything in this package is a contract with histories already recorded
+// and with executions in flight: names and JSON field names are extended,
+// never renamed.
+package contract
+
+import "time"
+
+// DefaultTaskQueue is the task queue of an anneal installation.
+const DefaultTaskQueue = "anneal"
+
+// scopedID prefixes a workflow ID with the task queue unless it is the
+// default one, so that several installations (the test suite's stacks) can
+// share a Temporal namespace.
+func scopedID(taskQueue, id string) string {
+	if taskQueue == "" || taskQueue == DefaultTaskQueue {
+		return id
+	}
+	return taskQueue + "/" + id
+}
+
+// Error types carried by activity failures, for workflows to branch on and
+// for retry policies to name.
+const (
+	// ErrTypeTaskFailed means the task ran and failed on the node; its run
+	// row already says so.
+	ErrTypeTaskFailed = "TaskFailed"
+	// ErrTypePlan means the graph cannot be planned; retrying will not help.
+	ErrTypePlan = "PlanError"
+	// ErrTypeNodeBusy means the run's node ran something else for longer
+	// than the activity waits; nothing was dispatched, and the workflow
+	// tries again after a pause.
+	ErrTypeNodeBusy = "NodeBusy"
+	// ErrTypeBadInput means an activity's input cannot work (a malformed
+	// id, a row whose creation was rolled back); retrying will not help.
+	ErrTypeBadInput = "BadInput"
+	// ErrTypeNotDispatchable means a run is in a state that cannot be sent
+	// to its node (it already ended otherwise).
+	ErrTypeNotDispatchable = "NotDispatchable"
+)
+
+// DefaultHeartbeatTimeout is how long a run may go without a heartbeat from
+// its agent before it counts as lost.
+const DefaultHeartbeatTimeout = 60 * time.Second
+
+// Activity names, as registered by the worker (the method names of
+// activities.Activities) and as the workflows call them.
+const (
+	PlanGraphActivity            = "PlanGraph"
+	LoadNodePlanActivity         = "LoadNodePlan" // local activity
+	RunTaskOnNodeActivity        = "RunTaskOnNode"
+	RunOnOrchestratorActivity    = "RunOnOrchestrator"
+	RecordRunFailureActivity     = "RecordRunFailure"
+	CancelRunsActivity           = "CancelRuns"
+	CheckRunStatesActivity       = "CheckRunStates" // local activity
+	AbandonNodeRunsActivity      = "AbandonNodeRuns"
+	FinishTransactionActivity    = "FinishTransaction"
+	RecordNoOpActivity           = "RecordNoOp"
+	FinishNodeGraphActivity      = "FinishNodeGraph" // local activity
+	NodeBootIDActivity           = "NodeBootID"      // local activity
+	AwaitRebootActivity          = "AwaitReboot"
+	AnnealActivity               = "Anneal"
+	RecoverTransitionsActivity   = "RecoverTransitions"
+	PrepareNodeRoleRunActivity   = "PrepareNodeRoleRun"
+	FinishNodeRoleRunActivity    = "FinishNodeRoleRun"
+	BootstrapNodeActivity        = "BootstrapNode"
+	PrepareSoftwareRoundActivity = "PrepareSoftwareRound"
+	FinishSoftwareRoundActivity  = "FinishSoftwareRound"
+)
+
+// ActivityNames lists every activity name above, for the test that checks
+// the worker registers exactly these.
+var ActivityNames = []string{
+	PlanGraphActivity, LoadNodePlanActivity, RunTaskOnNodeActivity, RunOnOrchestratorActivity,
+	RecordRunFailureActivity, CancelRunsActivity, CheckRunStatesActivity, AbandonNodeRunsActivity,
+	FinishTransactionActivity, RecordNoOpActivity, FinishNodeGraphActivity, NodeBootIDActivity,
+	AwaitRebootActivity, AnnealActivity, RecoverTransitionsActivity, PrepareNodeRoleRunActivity,
+	FinishNodeRoleRunActivity, BootstrapNodeActivity, PrepareSoftwareRoundActivity, FinishSoftwareRoundActivity,
+}
+
+// WorkflowNames lists every workflow type name, for the test that checks
+// the worker registers exactly these.
+var WorkflowNames = []string{
+	TransactionWorkflow, NodeWorkflow, SoftwareDeploymentWorkflow, AnnealerWorkflow, NodeRoleWorkflow, NodeBootstrapWorkflow,
+}
