@@ -17,12 +17,14 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // Activities carries what the activities need.
 type Activities struct {
 	Store *models.Store
+	Heat  *heat.Store
 	Log   *slog.Logger
 	// OrchestratorDir is where master_shell tasks run (a directory per
 	// node); default <tmp>/anneal-orchestrator.

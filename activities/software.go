@@ -6,7 +6,7 @@ import (
 
 	"go.temporal.io/sdk/activity"
 
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -14,8 +14,8 @@ import (
 // of the deployment's inputs and, when they are all COMPLETE, marks the
 // deployment IN_PROGRESS and wakes the node's agent. Idempotent.
 func (a *Activities) PrepareSoftwareRound(ctx context.Context, in contract.SoftwareRound) (*contract.SoftwarePrepared, error) {
-	p, err := a.Store.PrepareSoftwareRound(ctx, in.DeploymentID, in.Round)
-	if errors.Is(err, models.ErrRoundNotYetVisible) && activity.GetInfo(ctx).Attempt > 8 {
+	p, err := a.Heat.PrepareSoftwareRound(ctx, in.DeploymentID, in.Round)
+	if errors.Is(err, heat.ErrRoundNotYetVisible) && activity.GetInfo(ctx).Attempt > 8 {
 		// Retried for minutes: the request that started the round rolled
 		// back (or the deployment was deleted).
 		return &contract.SoftwarePrepared{Stale: true}, nil
@@ -34,7 +34,7 @@ func (a *Activities) PrepareSoftwareRound(ctx context.Context, in contract.Softw
 // reason), with the outputs its agent signalled. Idempotent: it reports
 // false when the round had already ended or is no longer current.
 func (a *Activities) FinishSoftwareRound(ctx context.Context, in contract.SoftwareEnd) (bool, error) {
-	changed, err := a.Store.FinishSoftwareRound(ctx, in.DeploymentID, in.Round, in.Status, in.Reason)
+	changed, err := a.Heat.FinishSoftwareRound(ctx, in.DeploymentID, in.Round, in.Status, in.Reason)
 	if err != nil {
 		return false, err
 	}

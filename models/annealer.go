@@ -114,7 +114,7 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 					state = contract.RunFailed
 				}
 				if err := tx.Model(&TaskRun{}).Where("id = ?", r.ID).Updates(map[string]any{
-					"state": state, "error": reason, "finished_at": now(), "updated_at": now()}).Error; err != nil {
+					"state": state, "error": reason, "finished_at": Now(), "updated_at": Now()}).Error; err != nil {
 					return fmt.Errorf("end run %d: %w", r.ID, err)
 				}
 			}

@@ -26,7 +26,7 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*contract.Boot
 		if err != nil {
 			return err
 		}
-		system, err := findDeployment(tx, SystemDeployment)
+		system, err := FindDeployment(tx, SystemDeployment)
 		if err != nil {
 			return err
 		}

@@ -123,13 +123,13 @@ type ConflictError struct{ Reason string }
 // Error returns the reason.
 func (e *ConflictError) Error() string { return e.Reason }
 
-func notFound(what string, key any) error {
+func NotFound(what string, key any) error {
 	return fmt.Errorf("%s %v: %w", what, key, ErrNotFound)
 }
 
 // uniqueViolation turns a unique-constraint error (two requests racing for
 // one name) into a conflict; other errors pass through.
-func uniqueViolation(err error, reason string) error {
+func UniqueViolation(err error, reason string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return &ConflictError{Reason: reason}
@@ -164,7 +164,7 @@ func takeRef[T any](q *gorm.DB, what, ref string) (*T, error) {
 	var row T
 	err := q.Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound(what, ref)
+		return nil, NotFound(what, ref)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load %s %s: %w", what, ref, err)

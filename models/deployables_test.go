@@ -93,9 +93,9 @@ func TestImportDeployableStore(t *testing.T) {
 	require.NoError(t, err)
 	view, err := store.ViewDeployable(ctx, d, insts, nil)
 	require.NoError(t, err)
-	assert.Equal(t, models.InstanceWaiting, view.Instances[0].Status)
+	assert.Equal(t, audrey.InstanceWaiting, view.Instances[0].Status)
 	// sink has its config but has not reported its own "out"
-	assert.Equal(t, models.InstanceConfigured, view.Instances[2].Status)
+	assert.Equal(t, audrey.InstanceConfigured, view.Instances[2].Status)
 	assert.Equal(t, []string{"out"}, view.Instances[2].PendingProvided)
 	assert.Len(t, view.Edges, 2)
 }

@@ -24,7 +24,7 @@ type DeploymentRoleView struct {
 func (s *Store) DeploymentRoles(ctx context.Context, deploymentRef string) ([]DeploymentRoleView, error) {
 	out := []DeploymentRoleView{}
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := findDeployment(tx, deploymentRef)
+		dep, err := FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -129,7 +129,7 @@ func deploymentAndRole(tx *gorm.DB, deploymentRef, roleRef string) (*Deployment,
 	if roleRef == "" {
 		return nil, nil, Invalid("role", "is required")
 	}
-	dep, err := findDeployment(tx, deploymentRef)
+	dep, err := FindDeployment(tx, deploymentRef)
 	if err != nil {
 		return nil, nil, err
 	}

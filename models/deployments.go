@@ -10,13 +10,13 @@ import (
 )
 
 // findDeployment looks a deployment up by id (all digits) or by name.
-func findDeployment(tx *gorm.DB, ref string) (*Deployment, error) {
+func FindDeployment(tx *gorm.DB, ref string) (*Deployment, error) {
 	return takeRef[Deployment](byRef(tx, ref), "deployment", ref)
 }
 
 // Deployment finds a deployment by id or name.
 func (s *Store) Deployment(ctx context.Context, ref string) (*Deployment, error) {
-	return findDeployment(s.DB.WithContext(ctx), ref)
+	return FindDeployment(s.DB.WithContext(ctx), ref)
 }
 
 // Deployments lists every deployment.
@@ -49,7 +49,7 @@ func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Depl
 		if parentRef == "" {
 			parentRef = SystemDeployment
 		}
-		parent, err := findDeployment(tx, parentRef)
+		parent, err := FindDeployment(tx, parentRef)
 		if errors.Is(err, ErrNotFound) {
 			return Invalid("parent", "no deployment named or numbered %q", parentRef)
 		}
@@ -75,7 +75,7 @@ func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Depl
 			return &ConflictError{Reason: fmt.Sprintf("a deployment named %q already exists", in.Name)}
 		}
 		if err := tx.Create(dep).Error; err != nil {
-			return fmt.Errorf("create deployment %q: %w", in.Name, uniqueViolation(err, fmt.Sprintf("a deployment named %q already exists", in.Name)))
+			return fmt.Errorf("create deployment %q: %w", in.Name, UniqueViolation(err, fmt.Sprintf("a deployment named %q already exists", in.Name)))
 		}
 		return nil
 	})

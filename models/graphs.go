@@ -71,7 +71,7 @@ func resolveGraph(tx *gorm.DB, dep *Deployment, graphType string) (*ResolvedGrap
 		return nil, fmt.Errorf("load %s graphs of deployment %s: %w", graphType, dep.Name, err)
 	}
 	if len(graphs) == 0 {
-		return nil, notFound("graph type", graphType)
+		return nil, NotFound("graph type", graphType)
 	}
 	out := &ResolvedGraph{Type: graphType, Metadata: map[string]any{}, Tasks: []plan.Task{}}
 	index := map[string]int{}
@@ -241,7 +241,7 @@ func findOwner(tx *gorm.DB, o GraphOwner) (int64, string, error) {
 		}
 		return p.ID, fmt.Sprintf("plugin %s@%s", p.Name, p.Version), nil
 	case OwnerDeployment:
-		dep, err := findDeployment(tx, o.Ref)
+		dep, err := FindDeployment(tx, o.Ref)
 		if err != nil {
 			return 0, "", err
 		}
@@ -409,7 +409,7 @@ func (s *Store) writeGraph(ctx context.Context, o GraphOwner, graphType string, 
 			}
 		case created:
 			if err := saveGraph(tx, g); err != nil {
-				return uniqueViolation(err, fmt.Sprintf("%s already has a graph of type %q", label, graphType))
+				return UniqueViolation(err, fmt.Sprintf("%s already has a graph of type %q", label, graphType))
 			}
 		default:
 			if g.Metadata == nil {
@@ -418,7 +418,7 @@ func (s *Store) writeGraph(ctx context.Context, o GraphOwner, graphType string, 
 			if g.Tasks == nil {
 				g.Tasks = []plan.Task{}
 			}
-			g.UpdatedAt = now()
+			g.UpdatedAt = Now()
 			if err := tx.Save(g).Error; err != nil {
 				return fmt.Errorf("save graph %q of %s: %w", graphType, label, err)
 			}

@@ -56,7 +56,7 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 		var dep *Deployment
 		if f.Deployment != "" {
 			var err error
-			dep, err = findDeployment(tx, f.Deployment)
+			dep, err = FindDeployment(tx, f.Deployment)
 			if errors.Is(err, ErrNotFound) {
 				return Invalid("deployment", "no deployment named or numbered %q", f.Deployment)
 			}

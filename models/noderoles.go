@@ -234,7 +234,7 @@ func (s *Store) BindRole(ctx context.Context, snapshotID int64, in BindInput) (*
 		if err := requireProposed(snap); err != nil {
 			return err
 		}
-		dep, err := findDeployment(tx, strconv.FormatInt(snap.DeploymentID, 10))
+		dep, err := FindDeployment(tx, strconv.FormatInt(snap.DeploymentID, 10))
 		if err != nil {
 			return err
 		}
@@ -345,7 +345,7 @@ func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
 	}
 	if err := tx.Create(nr).Error; err != nil {
 		return nil, false, fmt.Errorf("bind role %s to node %s: %w", role.Name, b.node.Name,
-			uniqueViolation(err, fmt.Sprintf("role %q is being bound to node %s by another request", role.Name, b.node.Name)))
+			UniqueViolation(err, fmt.Sprintf("role %q is being bound to node %s by another request", role.Name, b.node.Name)))
 	}
 	for _, pid := range parents {
 		if err := tx.Create(&NodeRoleEdge{ParentID: pid, ChildID: nr.ID}).Error; err != nil {
@@ -511,7 +511,7 @@ func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
 	var nr NodeRole
 	err := q.Take(&nr, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("noderole", id)
+		return nil, NotFound("noderole", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load noderole %d: %w", id, err)
@@ -534,7 +534,7 @@ func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[strin
 		var nr NodeRole
 		err := tx.Take(&nr, id).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("noderole", id)
+			return NotFound("noderole", id)
 		}
 		if err != nil {
 			return fmt.Errorf("load noderole %d: %w", id, err)
@@ -547,7 +547,7 @@ func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[strin
 			return err
 		}
 		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
-			"user_data": jsonb(userData), "state": contract.NodeRoleProposed, "updated_at": now(),
+			"user_data": jsonb(userData), "state": contract.NodeRoleProposed, "updated_at": Now(),
 		}).Error; err != nil {
 			return fmt.Errorf("update noderole %d: %w", id, err)
 		}
@@ -637,7 +637,7 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 			return fmt.Errorf("load noderole %d: %w", id, err)
 		}
 		if len(nodeID) == 0 {
-			return notFound("noderole", id)
+			return NotFound("noderole", id)
 		}
 		// The node's row serializes transitions on one node; under its lock
 		// the node must still be one the annealer may give work.
@@ -731,7 +731,7 @@ func finishNodeRole(ctx context.Context, tx *gorm.DB, nr *NodeRole, ok bool, wal
 		state = contract.NodeRoleActive
 	}
 	if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
-		"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": now(),
+		"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": Now(),
 	}).Error; err != nil {
 		return fmt.Errorf("finish noderole %d: %w", id, err)
 	}
@@ -785,7 +785,7 @@ func schedule(tx *gorm.DB, where string, args ...any) ([]int64, error) {
 }
 
 func setState(tx *gorm.DB, id int64, state string, extra map[string]any) error {
-	updates := map[string]any{"state": state, "updated_at": now()}
+	updates := map[string]any{"state": state, "updated_at": Now()}
 	for k, v := range extra {
 		updates[k] = v
 	}

@@ -68,7 +68,7 @@ func (s *Store) CreateNodeThen(ctx context.Context, in NodeInput, withCredential
 		if ref == "" {
 			ref = SystemDeployment
 		}
-		dep, err := findDeployment(tx, ref)
+		dep, err := FindDeployment(tx, ref)
 		if errors.Is(err, ErrNotFound) {
 			return Invalid("deployment", "no deployment named or numbered %q", ref)
 		}
@@ -91,12 +91,12 @@ func (s *Store) CreateNodeThen(ctx context.Context, in NodeInput, withCredential
 			secret = NewSecret("agt_")
 			hash := HashSecret(secret)
 			node.AgentTokenHash = &hash
-			t := now()
+			t := Now()
 			node.LastSeenAt = &t
 			node.Alive = true
 		}
 		if err := tx.Create(node).Error; err != nil {
-			return fmt.Errorf("create node %q: %w", in.Name, uniqueViolation(err, fmt.Sprintf("a node named %q already exists", in.Name)))
+			return fmt.Errorf("create node %q: %w", in.Name, UniqueViolation(err, fmt.Sprintf("a node named %q already exists", in.Name)))
 		}
 		if then != nil {
 			return then(node)
@@ -123,7 +123,7 @@ func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address str
 		return nil, false, fmt.Errorf("touch node %d: %w", nodeID, err)
 	}
 	if len(was) == 0 {
-		return nil, false, notFound("node", nodeID)
+		return nil, false, NotFound("node", nodeID)
 	}
 	node, err = s.Node(ctx, strconv.FormatInt(nodeID, 10))
 	return node, !was[0], err
@@ -175,7 +175,7 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 		}
 		dep, newRoles := oldDep, oldRoles
 		if up.Deployment != nil {
-			dep, err = findDeployment(tx, *up.Deployment)
+			dep, err = FindDeployment(tx, *up.Deployment)
 			if errors.Is(err, ErrNotFound) {
 				return Invalid("deployment", "no deployment named or numbered %q", *up.Deployment)
 			}
@@ -210,7 +210,7 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 		if up.Allocated != nil {
 			node.Allocated = *up.Allocated
 		}
-		node.UpdatedAt = now()
+		node.UpdatedAt = Now()
 		if err := tx.Select("deployment_id", "roles", "tags", "available", "allocated", "updated_at").Save(node).Error; err != nil {
 			return fmt.Errorf("update node %s: %w", ref, err)
 		}
@@ -294,7 +294,7 @@ func lockNode(tx *gorm.DB, ref string) (*Node, *Deployment, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	dep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+	dep, err := FindDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
 	if err != nil {
 		return nil, nil, err
 	}

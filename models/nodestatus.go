@@ -88,7 +88,7 @@ func callbackAttributes(metadata map[string]any, outcome string) map[string]any 
 // StartNodeGraph marks a node busy with a graph: progress 0 until it ends.
 func (s *Store) StartNodeGraph(ctx context.Context, nodeID int64) error {
 	err := s.DB.WithContext(ctx).Model(&Node{}).Where("id = ?", nodeID).
-		Updates(map[string]any{"progress": 0, "updated_at": now()}).Error
+		Updates(map[string]any{"progress": 0, "updated_at": Now()}).Error
 	if err != nil {
 		return fmt.Errorf("start graph on node %d: %w", nodeID, err)
 	}
@@ -124,7 +124,7 @@ func (s *Store) FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeI
 			updates = nodeAttributeUpdates(&node, callbackAttributes(graph.Metadata, outcome))
 		}
 		updates["progress"] = 100
-		updates["updated_at"] = now()
+		updates["updated_at"] = Now()
 		if attrs, ok := updates["attributes"]; ok {
 			node.Attributes = attrs.(map[string]any)
 			delete(updates, "attributes")
@@ -158,7 +158,7 @@ func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&run, runID).Error; err != nil {
 			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return notFound("run", runID)
+				return NotFound("run", runID)
 			}
 			return fmt.Errorf("load run %d: %w", runID, err)
 		}
@@ -180,7 +180,7 @@ func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node
 		if busy != "" {
 			return &NodeBusyError{Node: node.Name, Reason: busy}
 		}
-		t := now()
+		t := Now()
 		run.State, run.Attempt, run.ClaimedAt, run.StartedAt, run.FinishedAt = contract.RunRunning, run.Attempt+1, &t, &t, nil
 		run.ExitCode, run.Error = nil, ""
 		return tx.Model(&run).Select("state", "attempt", "claimed_at", "started_at", "finished_at", "exit_code", "error").
@@ -197,17 +197,17 @@ func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node
 // credential stays, so its agent carries on.
 func (s *Store) MoveToBootstrap(ctx context.Context, nodeID int64) error {
 	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		sys, err := findDeployment(tx, SystemDeployment)
+		sys, err := FindDeployment(tx, SystemDeployment)
 		if err != nil {
 			return err
 		}
-		node := Node{ID: nodeID, DeploymentID: sys.ID, Roles: []string{}, Tags: []string{}, Status: NodeDiscover, UpdatedAt: now()}
+		node := Node{ID: nodeID, DeploymentID: sys.ID, Roles: []string{}, Tags: []string{}, Status: NodeDiscover, UpdatedAt: Now()}
 		res := tx.Model(&node).Select("deployment_id", "roles", "tags", "status", "error_type", "updated_at").Updates(&node)
 		if res.Error != nil {
 			return fmt.Errorf("move node %d to bootstrap: %w", nodeID, res.Error)
 		}
 		if res.RowsAffected == 0 {
-			return notFound("node", nodeID)
+			return NotFound("node", nodeID)
 		}
 		return nil
 	})

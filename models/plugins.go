@@ -90,7 +90,7 @@ func (s *Store) CreatePlugin(ctx context.Context, in PluginInput) (*Plugin, erro
 			return &ConflictError{Reason: conflict}
 		}
 		if err := tx.Create(p).Error; err != nil {
-			return fmt.Errorf("create plugin %s@%s: %w", in.Name, in.Version, uniqueViolation(err, conflict))
+			return fmt.Errorf("create plugin %s@%s: %w", in.Name, in.Version, UniqueViolation(err, conflict))
 		}
 		return nil
 	})
@@ -124,7 +124,7 @@ func (s *Store) Plugins(ctx context.Context) ([]Plugin, error) {
 // order (plugin id).
 func (s *Store) DeploymentPlugins(ctx context.Context, depRef string) ([]Plugin, error) {
 	db := s.DB.WithContext(ctx)
-	dep, err := findDeployment(db, depRef)
+	dep, err := FindDeployment(db, depRef)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +156,7 @@ func (s *Store) setPlugin(ctx context.Context, depRef, pluginRef string, enable 
 		if err := lockGraphs(tx); err != nil {
 			return err
 		}
-		dep, err := findDeployment(tx, depRef)
+		dep, err := FindDeployment(tx, depRef)
 		if err != nil {
 			return err
 		}
@@ -175,7 +175,7 @@ func (s *Store) setPlugin(ctx context.Context, depRef, pluginRef string, enable 
 		}
 		if enable {
 			if err := tx.Exec("INSERT INTO deployment_plugins (deployment_id, plugin_id, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-				dep.ID, p.ID, now()).Error; err != nil {
+				dep.ID, p.ID, Now()).Error; err != nil {
 				return fmt.Errorf("enable plugin %s for %s: %w", p.Name, dep.Name, err)
 			}
 		} else {

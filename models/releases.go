@@ -142,10 +142,10 @@ func (s *Store) ImportReleaseWithWarnings(ctx context.Context, spec ReleaseSpec)
 		if rel.TagsMetadata == nil {
 			rel.TagsMetadata = map[string]TagMetadata{}
 		}
-		rel.UpdatedAt = now()
+		rel.UpdatedAt = Now()
 		if err := tx.Save(&rel).Error; err != nil {
 			// Two first imports of one release race on UNIQUE (name, version).
-			err = uniqueViolation(err, fmt.Sprintf("release %s is being imported concurrently; retry", ref))
+			err = UniqueViolation(err, fmt.Sprintf("release %s is being imported concurrently; retry", ref))
 			return fmt.Errorf("import release %s: save release: %w", ref, err)
 		}
 		if err := upsertRoles(tx, &rel, spec, roleNames); err != nil {
@@ -226,7 +226,7 @@ func checkRemovedRoles(tx *gorm.DB, rel *Release, spec ReleaseSpec) error {
 // (checkRemovedRoles has made sure none of those is bound). rel.Roles ends
 // up as stored, in name order.
 func upsertRoles(tx *gorm.DB, rel *Release, spec ReleaseSpec, roleNames []string) error {
-	stamp := now()
+	stamp := Now()
 	roles := make([]Role, 0, len(roleNames))
 	for _, name := range roleNames {
 		r := spec.RolesMetadata[name]

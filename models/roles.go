@@ -38,7 +38,7 @@ func (s *Store) Role(ctx context.Context, id int64) (*Role, error) {
 	var role Role
 	err := s.DB.WithContext(ctx).Take(&role, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("role", id)
+		return nil, NotFound("role", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load role %d: %w", id, err)

@@ -78,7 +78,7 @@ func graphTasks(tx *gorm.DB, dep *Deployment, graphType string) (*ResolvedGraph,
 		return nil, fmt.Errorf("load roles of deployment %s: %w", dep.Name, err)
 	}
 	if len(roles) == 0 && len(graph.Tasks) == 0 {
-		return nil, notFound("graph type", graphType)
+		return nil, NotFound("graph type", graphType)
 	}
 	graph.Tasks = withRoleTasks(graph.Tasks, roles)
 	return graph, nil

@@ -37,7 +37,7 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 		var txn Transaction
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
 			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return notFound("transaction", id)
+				return NotFound("transaction", id)
 			}
 			return fmt.Errorf("load transaction %s: %w", id, err)
 		}
@@ -47,7 +47,7 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 		req := txn.Graphs[gi]
 		switch txn.Status {
 		case TxPending:
-			if err := tx.Model(&txn).Updates(map[string]any{"status": TxRunning, "started_at": now()}).Error; err != nil {
+			if err := tx.Model(&txn).Updates(map[string]any{"status": TxRunning, "started_at": Now()}).Error; err != nil {
 				return fmt.Errorf("start transaction %s: %w", id, err)
 			}
 		case TxReady, TxError, TxStopped:
@@ -77,7 +77,7 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 			err := tx.Model(&TaskRun{}).
 				Where("transaction_id = ? AND graph_index = ? AND state IN ?", id, gi, []string{contract.RunFailed, contract.RunBlocked, contract.RunCancelled, contract.RunRunning}).
 				Updates(map[string]any{"state": contract.RunPending, "error": "", "exit_code": nil, "claimed_at": nil,
-					"started_at": nil, "finished_at": nil, "updated_at": now()}).Error
+					"started_at": nil, "finished_at": nil, "updated_at": Now()}).Error
 			if err != nil {
 				return fmt.Errorf("reopen runs of %s graph %d: %w", id, gi, err)
 			}
@@ -403,7 +403,7 @@ RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_
 		var run TaskRun
 		err := tx.Take(&run, runID).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("run", runID)
+			return NotFound("run", runID)
 		}
 		if err != nil {
 			return fmt.Errorf("load run %d: %w", runID, err)
@@ -436,7 +436,7 @@ func (s *Store) AgentRun(ctx context.Context, nodeID, runID int64) (*TaskRun, er
 	var run TaskRun
 	err := s.DB.WithContext(ctx).Take(&run, runID).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("run", runID)
+		return nil, NotFound("run", runID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load run %d: %w", runID, err)
@@ -464,16 +464,16 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 	}
 	finished := res.FinishedAt
 	if finished.IsZero() {
-		finished = now()
+		finished = Now()
 	}
 	// Postgres text cannot hold NUL bytes, which command output may.
 	outputs := make(map[string]string, len(res.Outputs))
 	for k, v := range res.Outputs {
-		outputs[stripNUL(k)] = stripNUL(v)
+		outputs[StripNUL(k)] = StripNUL(v)
 	}
 	run := TaskRun{
-		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: stripNUL(res.Error),
-		StdoutTail: stripNUL(res.StdoutTail), StderrTail: stripNUL(res.StderrTail), FinishedAt: &finished, UpdatedAt: now(),
+		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: StripNUL(res.Error),
+		StdoutTail: StripNUL(res.StdoutTail), StderrTail: StripNUL(res.StderrTail), FinishedAt: &finished, UpdatedAt: Now(),
 	}
 	cols := []string{"state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at"}
 	if res.Attrs != nil {
@@ -499,7 +499,7 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 	err := db.Take(&cur, runID).Error
 	switch {
 	case errors.Is(err, gorm.ErrRecordNotFound):
-		return nil, notFound("run", runID)
+		return nil, NotFound("run", runID)
 	case err != nil:
 		return nil, fmt.Errorf("load run %d: %w", runID, err)
 	case cur.NodeID != nodeID:
@@ -522,7 +522,7 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 // that depend on it and have not started.
 func (s *Store) FailRun(ctx context.Context, runID int64, reason string, blocked []int64) error {
 	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		t := now()
+		t := Now()
 		if runID != 0 {
 			err := tx.Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{contract.RunPending, contract.RunRunning}).
 				Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": t, "updated_at": t}).Error
@@ -544,7 +544,7 @@ func setPending(tx *gorm.DB, ids []int64, state, reason string) error {
 		return nil
 	}
 	err := tx.Model(&TaskRun{}).Where("id IN ? AND state = ?", ids, contract.RunPending).
-		Updates(map[string]any{"state": state, "error": reason, "updated_at": now()}).Error
+		Updates(map[string]any{"state": state, "error": reason, "updated_at": Now()}).Error
 	if err != nil {
 		return fmt.Errorf("mark %d run(s) %s: %w", len(ids), state, err)
 	}
@@ -556,7 +556,7 @@ func setPending(tx *gorm.DB, ids []int64, state, reason string) error {
 func (s *Store) AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeID int64, reason string) error {
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).
 		Where("transaction_id = ? AND graph_index = ? AND node_id = ? AND state IN ?", id, gi, nodeID, []string{contract.RunPending, contract.RunRunning}).
-		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
+		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": Now(), "updated_at": Now()}).Error
 	if err != nil {
 		return fmt.Errorf("abandon runs of node %d in %s: %w", nodeID, id, err)
 	}
@@ -565,7 +565,7 @@ func (s *Store) AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeI
 
 // SucceedNoOp marks a run that has nothing to execute as succeeded.
 func (s *Store) SucceedNoOp(ctx context.Context, runID int64) error {
-	t := now()
+	t := Now()
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{contract.RunPending, contract.RunRunning}).
 		Updates(map[string]any{"state": contract.RunSucceeded, "started_at": t, "finished_at": t, "updated_at": t}).Error
 	if err != nil {
@@ -578,21 +578,21 @@ func (s *Store) SucceedNoOp(ctx context.Context, runID int64) error {
 // timed out into a failure: the workflow moved on without it.
 func (s *Store) RejectLateResult(ctx context.Context, runID int64, attempt int, reason string) error {
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND attempt = ?", runID, attempt).
-		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
+		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": Now(), "updated_at": Now()}).Error
 	if err != nil {
 		return fmt.Errorf("reject late result of run %d: %w", runID, err)
 	}
 	return nil
 }
 
-func stripNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }
+func StripNUL(s string) string { return strings.ReplaceAll(s, "\x00", "") }
 
 // stripNULMap strips NUL bytes from the keys and strings of a JSON object,
 // which jsonb cannot hold either.
 func stripNULMap(m map[string]any) map[string]any {
 	out := make(map[string]any, len(m))
 	for k, v := range m {
-		out[stripNUL(k)] = stripNULValue(v)
+		out[StripNUL(k)] = stripNULValue(v)
 	}
 	return out
 }
@@ -600,7 +600,7 @@ func stripNULMap(m map[string]any) map[string]any {
 func stripNULValue(v any) any {
 	switch x := v.(type) {
 	case string:
-		return stripNUL(x)
+		return StripNUL(x)
 	case map[string]any:
 		return stripNULMap(x)
 	case []any:
@@ -662,7 +662,7 @@ SELECT
 // (its agent had reported the reboot under way).
 func (s *Store) RejectRebootRun(ctx context.Context, runID int64, reason string) error {
 	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state = ?", runID, contract.RunSucceeded).
-		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": now(), "updated_at": now()}).Error
+		Updates(map[string]any{"state": contract.RunFailed, "error": reason, "finished_at": Now(), "updated_at": Now()}).Error
 	if err != nil {
 		return fmt.Errorf("fail reboot run %d: %w", runID, err)
 	}

@@ -332,7 +332,7 @@ func (s *Store) CreateScenario(ctx context.Context, in ScenarioInput) (*Scenario
 		}
 		sc := &Scenario{Name: in.Name, Description: in.Description}
 		if err := tx.Omit("Acts").Create(sc).Error; err != nil {
-			return fmt.Errorf("create scenario %q: %w", in.Name, uniqueViolation(err, fmt.Sprintf("a scenario named %q already exists", in.Name)))
+			return fmt.Errorf("create scenario %q: %w", in.Name, UniqueViolation(err, fmt.Sprintf("a scenario named %q already exists", in.Name)))
 		}
 		if err := insertActs(tx, sc, acts); err != nil {
 			return err
@@ -375,7 +375,7 @@ func findScenario(tx *gorm.DB, name string) (*Scenario, error) {
 	err := tx.Preload("Acts", func(db *gorm.DB) *gorm.DB { return db.Order("position") }).
 		Where("name = ?", name).Take(&sc).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("scenario", strconv.Quote(name))
+		return nil, NotFound("scenario", strconv.Quote(name))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load scenario %q: %w", name, err)

@@ -53,7 +53,7 @@ func lockSnapshot(tx *gorm.DB, id int64) (*Snapshot, error) {
 	var snap Snapshot
 	err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&snap, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("snapshot", id)
+		return nil, NotFound("snapshot", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load snapshot %d: %w", id, err)
@@ -90,7 +90,7 @@ func EnsureSnapshot(tx *gorm.DB, deploymentID int64) (*Snapshot, error) {
 	if err != nil || snap != nil {
 		return snap, err
 	}
-	t := now()
+	t := Now()
 	snap = &Snapshot{DeploymentID: deploymentID, State: SnapshotCommitted, CreatedAt: t, CommittedAt: &t}
 	// Two requests racing here: the partial unique index lets one win; the
 	// other reads the winner's row.
@@ -108,7 +108,7 @@ func EnsureSnapshot(tx *gorm.DB, deploymentID int64) (*Snapshot, error) {
 func (s *Store) EnsureSnapshot(ctx context.Context, deploymentRef string) (*Snapshot, error) {
 	var out *Snapshot
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := findDeployment(tx, deploymentRef)
+		dep, err := FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -122,7 +122,7 @@ func (s *Store) EnsureSnapshot(ctx context.Context, deploymentRef string) (*Snap
 func (s *Store) Snapshots(ctx context.Context, deploymentRef string) ([]Snapshot, error) {
 	var out []Snapshot
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := findDeployment(tx, deploymentRef)
+		dep, err := FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -144,7 +144,7 @@ func (s *Store) Snapshot(ctx context.Context, id int64) (*Snapshot, error) {
 	var snap Snapshot
 	err := db.Take(&snap, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("snapshot", id)
+		return nil, NotFound("snapshot", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load snapshot %d: %w", id, err)
@@ -166,7 +166,7 @@ func (s *Store) Snapshot(ctx context.Context, id int64) (*Snapshot, error) {
 func (s *Store) ProposeSnapshot(ctx context.Context, deploymentRef string) (*Snapshot, error) {
 	var out *Snapshot
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := findDeployment(tx, deploymentRef)
+		dep, err := FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -184,10 +184,10 @@ func (s *Store) ProposeSnapshot(ctx context.Context, deploymentRef string) (*Sna
 		} else if prop != nil {
 			return &ConflictError{Reason: fmt.Sprintf("deployment %q already has a proposed snapshot (%d); edit or commit it", dep.Name, prop.ID)}
 		}
-		snap := &Snapshot{DeploymentID: dep.ID, State: SnapshotProposed, CreatedAt: now()}
+		snap := &Snapshot{DeploymentID: dep.ID, State: SnapshotProposed, CreatedAt: Now()}
 		if err := tx.Create(snap).Error; err != nil {
 			return fmt.Errorf("propose a snapshot of deployment %s: %w",
-				dep.Name, uniqueViolation(err, fmt.Sprintf("deployment %q already has a proposed snapshot", dep.Name)))
+				dep.Name, UniqueViolation(err, fmt.Sprintf("deployment %q already has a proposed snapshot", dep.Name)))
 		}
 		if err := tx.Exec(`INSERT INTO noderoles (snapshot_id, node_id, role_id, state, user_data, system_data, wall, run_count, created_at, updated_at)
 			SELECT ?, node_id, role_id, state, user_data, system_data, wall, run_count, now(), now()
@@ -224,7 +224,7 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 			return fmt.Errorf("load snapshot %d: %w", id, err)
 		}
 		if len(depID) == 0 {
-			return notFound("snapshot", id)
+			return NotFound("snapshot", id)
 		}
 		// Deployment first, then snapshots: the order every change of a
 		// deployment's history takes (propose, node bootstrap).
@@ -242,7 +242,7 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 		if err != nil {
 			return err
 		}
-		t := now()
+		t := Now()
 		if old != nil {
 			if _, err := lockSnapshot(tx, old.ID); err != nil {
 				return err
@@ -345,7 +345,7 @@ func requireProposed(snap *Snapshot) error {
 // saying to propose one when it has none.
 func (s *Store) ProposedSnapshot(ctx context.Context, deploymentRef string) (*Snapshot, error) {
 	db := s.DB.WithContext(ctx)
-	dep, err := findDeployment(db, deploymentRef)
+	dep, err := FindDeployment(db, deploymentRef)
 	if err != nil {
 		return nil, err
 	}

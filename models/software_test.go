@@ -17,7 +17,7 @@ import (
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
-func noStart(*models.SoftwareDeployment) error { return nil }
+func noStart(*heat.SoftwareDeployment) error { return nil }
 
 // A round goes WAITING → IN_PROGRESS (references resolved, defaults
 // filled) → COMPLETE with the signalled outputs; a repeated signal changes
@@ -27,29 +27,29 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	ctx := context.Background()
 	node, _, err := store.CreateNode(ctx, models.NodeInput{Name: "s1.anneal.test"}, true)
 	require.NoError(t, err)
-	cfg, err := store.CreateSoftwareConfig(ctx, models.SoftwareConfigInput{
+	cfg, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{
 		Name: "c", Config: "true",
-		Inputs:  []models.SoftwareIODef{{Name: "a", Default: "dflt"}, {Name: "b", Type: "number"}},
-		Outputs: []models.SoftwareIODef{{Name: "out"}, {Name: "err", ErrorOutput: true}},
+		Inputs:  []heat.SoftwareIODef{{Name: "a", Default: "dflt"}, {Name: "b", Type: "number"}},
+		Outputs: []heat.SoftwareIODef{{Name: "out"}, {Name: "err", ErrorOutput: true}},
 	})
 	require.NoError(t, err)
 	assert.Equal(t, "script", cfg.Group)
 	assert.Equal(t, "Number", cfg.Inputs[1].Type)
 	assert.Equal(t, []string{"err"}, cfg.ErrorOutputs())
 
-	first, err := store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{
+	first, err := store.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{
 		ConfigID: cfg.ID, Server: node.Name, InputValues: map[string]any{"b": 2.0},
 	}, noStart)
 	require.NoError(t, err)
 	assert.Equal(t, contract.SoftwareWaiting, first.Status)
 	assert.Equal(t, contract.ActionDeploy, first.Action)
-	assert.Equal(t, models.DefaultSoftwareTimeoutSec, first.TimeoutSec)
+	assert.Equal(t, heat.DefaultSoftwareTimeoutSec, first.TimeoutSec)
 
-	second, err := store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{
+	second, err := store.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{
 		ConfigID: cfg.ID, Server: node.Name, InputValues: map[string]any{"a": map[string]any{"get_attr": []any{float64(first.ID), "out"}}},
 	}, noStart)
 	require.NoError(t, err)
-	_, err = store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{
+	_, err = store.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{
 		ConfigID: cfg.ID, Server: node.Name, InputValues: map[string]any{"a": map[string]any{"get_attr": []any{float64(first.ID), "nope"}}},
 	}, noStart)
 	var ie *models.InputError
@@ -110,7 +110,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	assert.Equal(t, "42", got.ResolvedInputs["a"])
 
 	// A new round; the old round's signals are refused.
-	up, err := store.UpdateSoftwareDeployment(ctx, first.ID, models.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
+	up, err := store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
 	require.NoError(t, err)
 	assert.Equal(t, 2, up.Round)
 	assert.Equal(t, contract.ActionUndeploy, up.Action)
@@ -123,7 +123,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 
 	// A config in use cannot be deleted; an unused one can.
 	assert.ErrorAs(t, store.DeleteSoftwareConfig(ctx, cfg.ID), &ce)
-	unused, err := store.CreateSoftwareConfig(ctx, models.SoftwareConfigInput{Name: "unused"})
+	unused, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{Name: "unused"})
 	require.NoError(t, err)
 	require.NoError(t, store.DeleteSoftwareConfig(ctx, unused.ID))
 }
@@ -136,9 +136,9 @@ func TestSoftwareIndexOneQuery(t *testing.T) {
 	node, _, err := store.CreateNode(ctx, models.NodeInput{Name: "s2.anneal.test"}, false)
 	require.NoError(t, err)
 	for _, name := range []string{"one", "two", "three"} {
-		cfg, err := store.CreateSoftwareConfig(ctx, models.SoftwareConfigInput{Name: name, Group: "ansible", Config: name})
+		cfg, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{Name: name, Group: "ansible", Config: name})
 		require.NoError(t, err)
-		_, err = store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{ConfigID: cfg.ID, Server: node.Name}, noStart)
+		_, err = store.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{ConfigID: cfg.ID, Server: node.Name}, noStart)
 		require.NoError(t, err)
 	}
 	var queries atomic.Int64
@@ -166,7 +166,7 @@ func TestSoftwareIndexOneQuery(t *testing.T) {
 func TestSoftwarePolicy(t *testing.T) {
 	store, _ := testenv.Store(t)
 	ctx := context.Background()
-	_, err := store.CreateSoftwareConfig(ctx, models.SoftwareConfigInput{Name: "x", Inputs: []models.SoftwareIODef{{Name: "a"}, {Name: "a"}}})
+	_, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{Name: "x", Inputs: []heat.SoftwareIODef{{Name: "a"}, {Name: "a"}}})
 	var ie *models.InputError
 	require.ErrorAs(t, err, &ie)
 	assert.Equal(t, "inputs[1].name", ie.Field)
@@ -177,15 +177,15 @@ func TestSoftwarePolicy(t *testing.T) {
 	}
 	node, _, err := store.CreateNode(ctx, models.NodeInput{Name: "r1.anneal.test", Deployment: "red"}, false)
 	require.NoError(t, err)
-	blue, err := store.CreateSoftwareConfig(ctx, models.SoftwareConfigInput{Name: "b", Deployment: "blue"})
+	blue, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{Name: "b", Deployment: "blue"})
 	require.NoError(t, err)
-	_, err = store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{ConfigID: blue.ID, Server: node.Name}, noStart)
+	_, err = store.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{ConfigID: blue.ID, Server: node.Name}, noStart)
 	require.True(t, errors.Is(err, models.ErrForbidden), "%v", err)
 	assert.True(t, strings.Contains(err.Error(), `"red"`) && strings.Contains(err.Error(), `"blue"`), err.Error())
 
 	_, err = store.SetAcceptForeignConfigs(ctx, node.Name, true)
 	require.NoError(t, err)
-	d, err := store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{ConfigID: blue.ID, Server: node.Name}, noStart)
+	d, err := store.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{ConfigID: blue.ID, Server: node.Name}, noStart)
 	require.NoError(t, err)
 	assert.NotNil(t, d.DeploymentID)
 }

@@ -146,7 +146,7 @@ func syncReleaseTags(tx *gorm.DB, rel *Release, spec ReleaseSpec) error {
 	}
 	for _, name := range sortedKeys(want) {
 		t := want[name]
-		t.UpdatedAt = now()
+		t.UpdatedAt = Now()
 		if t.ID == 0 {
 			t.CreatedAt = t.UpdatedAt
 			if err := tx.Create(t).Error; err != nil {
@@ -185,7 +185,7 @@ func (s *Store) Tags(ctx context.Context, scope TagScope) ([]Tag, error) {
 			return nil, fmt.Errorf("list tags of release %s: %w", scope.Release, err)
 		}
 	} else {
-		dep, err := findDeployment(db, scope.Deployment)
+		dep, err := FindDeployment(db, scope.Deployment)
 		if err != nil {
 			return nil, err
 		}
@@ -262,7 +262,7 @@ func loadTag(tx *gorm.DB, id int64, lock bool) (*Tag, error) {
 	}
 	err := q.Take(&tag, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("tag", id)
+		return nil, NotFound("tag", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load tag %d: %w", id, err)
@@ -323,7 +323,7 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 				return fmt.Errorf("check tag name: %w", err)
 			}
 		} else {
-			dep, err := findDeployment(tx, in.Deployment)
+			dep, err := FindDeployment(tx, in.Deployment)
 			if errors.Is(err, ErrNotFound) {
 				return Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
 			}
@@ -345,7 +345,7 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 			return &ConflictError{Reason: fmt.Sprintf("tag %q already exists in %s", in.Name, tagOwnerName(tx, clash[0]))}
 		}
 		if err := tx.Create(tag).Error; err != nil {
-			return fmt.Errorf("create tag %q: %w", in.Name, uniqueViolation(err, fmt.Sprintf("tag %q already exists", in.Name)))
+			return fmt.Errorf("create tag %q: %w", in.Name, UniqueViolation(err, fmt.Sprintf("tag %q already exists", in.Name)))
 		}
 		return nil
 	})
@@ -417,7 +417,7 @@ func (s *Store) UpdateTag(ctx context.Context, id int64, up TagUpdate) (*Tag, er
 				tag.Metadata = map[string]any{}
 			}
 		}
-		tag.UpdatedAt = now()
+		tag.UpdatedAt = Now()
 		if err := tx.Select("has_primary", "metadata", "updated_at").Save(tag).Error; err != nil {
 			return fmt.Errorf("update tag %d: %w", id, err)
 		}
@@ -481,7 +481,7 @@ func (s *Store) DeleteTag(ctx context.Context, id int64) (*TagDeletion, error) {
 					continue
 				}
 				if err := tx.Model(&Node{}).Where("id = ?", n.ID).
-					Updates(map[string]any{"tags": jsonList(kept), "updated_at": now()}).Error; err != nil {
+					Updates(map[string]any{"tags": jsonList(kept), "updated_at": Now()}).Error; err != nil {
 					return fmt.Errorf("unassign tag %s from node %s: %w", tag.Name, n.Name, err)
 				}
 				out.UnassignedFrom = append(out.UnassignedFrom, n.Name)
@@ -558,7 +558,7 @@ func (s *Store) NodeTags(ctx context.Context, ref string) (*NodeTagView, error) 
 }
 
 func nodeTagView(tx *gorm.DB, node *Node) (*NodeTagView, error) {
-	dep, err := findDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+	dep, err := FindDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
 	if err != nil {
 		return nil, err
 	}
@@ -663,7 +663,7 @@ func (s *Store) changeNodeTags(ctx context.Context, ref string, change func(*gor
 		}
 		node.Tags = nonNil(tags)
 		if err := tx.Model(&Node{}).Where("id = ?", node.ID).
-			Updates(map[string]any{"tags": jsonList(node.Tags), "updated_at": now()}).Error; err != nil {
+			Updates(map[string]any{"tags": jsonList(node.Tags), "updated_at": Now()}).Error; err != nil {
 			return fmt.Errorf("save tags of node %s: %w", ref, err)
 		}
 		out, err = nodeTagView(tx, node)
@@ -764,7 +764,7 @@ func choosePrimaries(tx *gorm.DB, dep *Deployment, nodes []Node, persist bool) (
 // choosePrimaries) and returns, per node id, the "primary-<tag>" tags the
 // planner adds to that node. nodes are all the nodes of the deployment.
 func primaryPlanningTags(tx *gorm.DB, deploymentID int64, nodes []Node) (map[int64][]string, error) {
-	dep, err := findDeployment(tx, strconv.FormatInt(deploymentID, 10))
+	dep, err := FindDeployment(tx, strconv.FormatInt(deploymentID, 10))
 	if err != nil {
 		return nil, err
 	}
@@ -802,7 +802,7 @@ type DeploymentCheck struct {
 // instance tags "name:N" do not hold "name").
 func (s *Store) CheckDeployment(ctx context.Context, ref string) (*DeploymentCheck, error) {
 	db := s.DB.WithContext(ctx)
-	dep, err := findDeployment(db, ref)
+	dep, err := FindDeployment(db, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -95,7 +95,7 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (Principal, err
 	return Principal{NodeID: node.ID, Name: node.Name}, nil
 }
 
-func now() time.Time { return time.Now().UTC() }
+func Now() time.Time { return time.Now().UTC() }
 
 // ResetAgentCredential gives an existing node a new agent credential (the
 // old one stops working) and returns it, for a machine re-provisioned

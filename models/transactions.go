@@ -40,7 +40,7 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 	}
 	var txn *Transaction
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := findDeployment(tx, in.Deployment)
+		dep, err := FindDeployment(tx, in.Deployment)
 		if errors.Is(err, ErrNotFound) {
 			return Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
 		}
@@ -192,7 +192,7 @@ func (s *Store) Transaction(ctx context.Context, id uuid.UUID) (*Transaction, er
 	var txn Transaction
 	err := s.DB.WithContext(ctx).Take(&txn, "id = ?", id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("transaction", id)
+		return nil, NotFound("transaction", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load transaction %s: %w", id, err)
@@ -285,7 +285,7 @@ func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped boo
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Runs a stop or a failed plan left behind never ran.
 		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND state = ?", id, contract.RunPending).
-			Updates(map[string]any{"state": contract.RunCancelled, "error": "never started: the transaction ended first", "updated_at": now()}).Error; err != nil {
+			Updates(map[string]any{"state": contract.RunCancelled, "error": "never started: the transaction ended first", "updated_at": Now()}).Error; err != nil {
 			return fmt.Errorf("cancel leftover runs of %s: %w", id, err)
 		}
 		counts, err := runCounts(tx, id)
@@ -310,13 +310,13 @@ func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped boo
 			}
 		}
 		res := tx.Model(&Transaction{}).Where("id = ?", id).Updates(map[string]any{
-			"status": status, "error": msg, "finished_at": now(),
+			"status": status, "error": msg, "finished_at": Now(),
 		})
 		if res.Error != nil {
 			return fmt.Errorf("finish transaction %s: %w", id, res.Error)
 		}
 		if res.RowsAffected == 0 {
-			return notFound("transaction", id)
+			return NotFound("transaction", id)
 		}
 		return nil
 	})
@@ -369,7 +369,7 @@ func (s *Store) ReopenTransaction(ctx context.Context, id uuid.UUID, start func(
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
 			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return notFound("transaction", id)
+				return NotFound("transaction", id)
 			}
 			return fmt.Errorf("load transaction %s: %w", id, err)
 		}

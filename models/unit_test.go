@@ -184,9 +184,9 @@ func TestErrors(t *testing.T) {
 	ie := Invalid("roles[0]", "role %q is unknown", "x")
 	assert.Equal(t, `roles[0]: role "x" is unknown`, ie.Error())
 	assert.Equal(t, "busy", (&ConflictError{Reason: "busy"}).Error())
-	assert.ErrorIs(t, notFound("node", 7), ErrNotFound)
-	assert.Equal(t, "node 7: not found", notFound("node", 7).Error())
+	assert.ErrorIs(t, NotFound("node", 7), ErrNotFound)
+	assert.Equal(t, "node 7: not found", NotFound("node", 7).Error())
 	assert.Equal(t, []string{"a", "b", "c"}, sortedKeys(map[string]int{"c": 1, "a": 2, "b": 3}))
-	assert.Equal(t, "ab", stripNUL("a\x00b\x00"))
+	assert.Equal(t, "ab", StripNUL("a\x00b\x00"))
 	assert.Equal(t, []string{}, nonNil(nil))
 }

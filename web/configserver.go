@@ -11,6 +11,7 @@ import (
 
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/audrey"
+	"github.com/anneal-dev/anneal/models/audrey/aeolus"
 )
 
 // configServerRoutes: Audrey's config server, at the root exactly as in the
@@ -61,7 +62,7 @@ func (s *Server) instanceAuth(adminOnly bool) echo.MiddlewareFunc {
 			var known bool
 			if !admin {
 				var err error
-				if known, err = s.cfg.Store.InstanceTokenExists(ctx, token); err != nil {
+				if known, err = s.audrey.InstanceTokenExists(ctx, token); err != nil {
 					return err
 				}
 				if !known {
@@ -72,7 +73,7 @@ func (s *Server) instanceAuth(adminOnly bool) echo.MiddlewareFunc {
 			if err != nil {
 				return apiError(http.StatusNotFound, "not_found", "no instance "+c.Param("uuid"))
 			}
-			in, err := s.cfg.Store.Instance(ctx, id)
+			in, err := s.audrey.Instance(ctx, id)
 			if err != nil {
 				return err
 			}
@@ -90,8 +91,8 @@ func (s *Server) instanceAuth(adminOnly bool) echo.MiddlewareFunc {
 	}
 }
 
-func instanceOf(c echo.Context) *models.DeployableInstance {
-	in, _ := c.Get(instanceKey).(*models.DeployableInstance)
+func instanceOf(c echo.Context) *audrey.DeployableInstance {
+	in, _ := c.Get(instanceKey).(*audrey.DeployableInstance)
 	return in
 }
 
@@ -104,30 +105,30 @@ func (s *Server) postConfig(c echo.Context) error {
 	if err != nil {
 		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: err.Error()}
 	}
-	ic, err := audrey.ParseInstanceConfig(body)
+	ic, err := aeolus.ParseInstanceConfig(body)
 	if err != nil {
-		return models.AudreyInputError(err, http.StatusBadRequest)
+		return audrey.AudreyInputError(err, http.StatusBadRequest)
 	}
 	in := instanceOf(c)
-	if err := s.cfg.Store.ReplaceInstanceConfig(c.Request().Context(), in.UUID, ic); err != nil {
+	if err := s.audrey.ReplaceInstanceConfig(c.Request().Context(), in.UUID, ic); err != nil {
 		return err
 	}
-	return xmlBlob(c, http.StatusCreated, audrey.InstanceConfigXML(ic))
+	return xmlBlob(c, http.StatusCreated, aeolus.InstanceConfigXML(ic))
 }
 
 func (s *Server) getConfig(c echo.Context) error {
-	res, status, err := s.cfg.Store.FetchConfig(c.Request().Context(), instanceOf(c).UUID)
+	res, status, err := s.audrey.FetchConfig(c.Request().Context(), instanceOf(c).UUID)
 	if err != nil {
 		return err
 	}
 	if status == http.StatusNoContent {
 		return c.NoContent(http.StatusNoContent)
 	}
-	return xmlBlob(c, status, audrey.ResolvedConfigXML(res))
+	return xmlBlob(c, status, aeolus.ResolvedConfigXML(res))
 }
 
 func (s *Server) getParams(c echo.Context) error {
-	pending, err := s.cfg.Store.PendingParams(c.Request().Context(), instanceOf(c).UUID)
+	pending, err := s.audrey.PendingParams(c.Request().Context(), instanceOf(c).UUID)
 	if err != nil {
 		return err
 	}
@@ -135,7 +136,7 @@ func (s *Server) getParams(c echo.Context) error {
 	if len(pending) > 0 {
 		status = http.StatusAccepted
 	}
-	return xmlBlob(c, status, audrey.ProvidedParamsXML(pending))
+	return xmlBlob(c, status, aeolus.ProvidedParamsXML(pending))
 }
 
 func (s *Server) putReply(c echo.Context) error {
@@ -143,13 +144,13 @@ func (s *Server) putReply(c echo.Context) error {
 	if err != nil {
 		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: err.Error()}
 	}
-	values, order, err := audrey.ParseReply(body)
+	values, order, err := aeolus.ParseReply(body)
 	if err != nil {
-		return models.AudreyInputError(err, http.StatusBadRequest)
+		return audrey.AudreyInputError(err, http.StatusBadRequest)
 	}
-	in, err := s.cfg.Store.StoreReply(c.Request().Context(), instanceOf(c).UUID, values, order)
+	in, err := s.audrey.StoreReply(c.Request().Context(), instanceOf(c).UUID, values, order)
 	if err != nil {
 		return err
 	}
-	return xmlBlob(c, http.StatusOK, audrey.ProvidedParamsXML(audrey.PendingProvided(&in.Config, audrey.Replies{in.Config.ID: in.Replies})))
+	return xmlBlob(c, http.StatusOK, aeolus.ProvidedParamsXML(aeolus.PendingProvided(&in.Config, aeolus.Replies{in.Config.ID: in.Replies})))
 }

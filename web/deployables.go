@@ -34,11 +34,11 @@ func (s *Server) importDeployable(c echo.Context) error {
 		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: err.Error()}
 	}
 	ctx := c.Request().Context()
-	imp, err := s.cfg.Store.ImportDeployable(ctx, body, format, c.QueryParam("deployment"))
+	imp, err := s.audrey.ImportDeployable(ctx, body, format, c.QueryParam("deployment"))
 	if err != nil {
 		return err
 	}
-	view, err := s.cfg.Store.ViewDeployable(ctx, imp.Deployable, imp.Instances, imp.Tokens)
+	view, err := s.audrey.ViewDeployable(ctx, imp.Deployable, imp.Instances, imp.Tokens)
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func documentFormat(c echo.Context) (string, error) {
 }
 
 func (s *Server) listDeployables(c echo.Context) error {
-	ds, err := s.cfg.Store.Deployables(c.Request().Context())
+	ds, err := s.audrey.Deployables(c.Request().Context())
 	if err != nil {
 		return err
 	}
@@ -69,11 +69,11 @@ func (s *Server) listDeployables(c echo.Context) error {
 // getDeployable: GET /api/v1/deployables/:id (id, uuid or name).
 func (s *Server) getDeployable(c echo.Context) error {
 	ctx := c.Request().Context()
-	d, insts, err := s.cfg.Store.Deployable(ctx, c.Param("id"))
+	d, insts, err := s.audrey.Deployable(ctx, c.Param("id"))
 	if err != nil {
 		return err
 	}
-	view, err := s.cfg.Store.ViewDeployable(ctx, d, insts, nil)
+	view, err := s.audrey.ViewDeployable(ctx, d, insts, nil)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,8 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/audrey"
+	"github.com/anneal-dev/anneal/models/heat"
 )
 
 // Config configures the API server.
@@ -41,11 +43,15 @@ type Config struct {
 
 // Server serves the API.
 type Server struct {
-	cfg  Config
-	echo *echo.Echo
-	hub  *workHub
-	auth authCache
-	log  *slog.Logger
+	cfg Config
+	// The seeds' stores, over cfg.Store (the kernel): each handler file
+	// uses the store of its seed.
+	heat   *heat.Store
+	audrey *audrey.Store
+	echo   *echo.Echo
+	hub    *workHub
+	auth   authCache
+	log    *slog.Logger
 }
 
 // New builds the API server and its routes.
@@ -55,7 +61,8 @@ func New(cfg Config) *Server {
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), log: cfg.Log}
+	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), log: cfg.Log,
+		heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover())
 	e.Use(middleware.BodyLimit("2M"))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -69,11 +70,11 @@ func (r *idOrName) UnmarshalJSON(b []byte) error {
 }
 
 func (s *Server) createSoftwareConfig(c echo.Context) error {
-	var req models.SoftwareConfigInput
+	var req heat.SoftwareConfigInput
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	cfg, err := s.cfg.Store.CreateSoftwareConfig(c.Request().Context(), req)
+	cfg, err := s.heat.CreateSoftwareConfig(c.Request().Context(), req)
 	if err != nil {
 		return err
 	}
@@ -81,7 +82,7 @@ func (s *Server) createSoftwareConfig(c echo.Context) error {
 }
 
 func (s *Server) listSoftwareConfigs(c echo.Context) error {
-	cfgs, err := s.cfg.Store.SoftwareConfigs(c.Request().Context())
+	cfgs, err := s.heat.SoftwareConfigs(c.Request().Context())
 	if err != nil {
 		return err
 	}
@@ -93,7 +94,7 @@ func (s *Server) getSoftwareConfig(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := s.cfg.Store.SoftwareConfig(c.Request().Context(), id)
+	cfg, err := s.heat.SoftwareConfig(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -105,7 +106,7 @@ func (s *Server) deleteSoftwareConfig(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.cfg.Store.DeleteSoftwareConfig(c.Request().Context(), id); err != nil {
+	if err := s.heat.DeleteSoftwareConfig(c.Request().Context(), id); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
@@ -133,10 +134,10 @@ func (s *Server) createSoftwareDeployment(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	d, err := s.cfg.Store.CreateSoftwareDeployment(ctx, models.SoftwareDeploymentInput{
+	d, err := s.heat.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{
 		ConfigID: req.ConfigID, Server: string(req.ServerID), InputValues: req.InputValues,
 		Action: req.Action, TimeoutSec: req.TimeoutSec, Deployment: string(req.Deployment),
-	}, func(d *models.SoftwareDeployment) error { return s.startSoftwareRound(ctx, d, false) })
+	}, func(d *heat.SoftwareDeployment) error { return s.startSoftwareRound(ctx, d, false) })
 	if err != nil {
 		return err
 	}
@@ -148,7 +149,7 @@ func (s *Server) createSoftwareDeployment(c echo.Context) error {
 // startSoftwareRound starts the round's run of workflow swd-<id> (prefixed
 // with "<task queue>/" when the task queue is not the default "anneal"); a
 // new round replaces a run of an earlier round that is still open.
-func (s *Server) startSoftwareRound(ctx context.Context, d *models.SoftwareDeployment, replace bool) error {
+func (s *Server) startSoftwareRound(ctx context.Context, d *heat.SoftwareDeployment, replace bool) error {
 	cfgName := ""
 	if d.Config != nil {
 		cfgName = d.Config.Name
@@ -178,18 +179,18 @@ func (s *Server) startSoftwareRound(ctx context.Context, d *models.SoftwareDeplo
 
 func (s *Server) listSoftwareDeployments(c echo.Context) error {
 	ctx := c.Request().Context()
-	var ds []models.SoftwareDeployment
+	var ds []heat.SoftwareDeployment
 	var err error
 	if server := c.QueryParam("server_id"); server != "" {
-		ds, err = s.cfg.Store.ServerSoftwareDeployments(ctx, server)
+		ds, err = s.heat.ServerSoftwareDeployments(ctx, server)
 	} else {
-		ds, err = s.cfg.Store.SoftwareDeployments(ctx)
+		ds, err = s.heat.SoftwareDeployments(ctx)
 	}
 	if err != nil {
 		return err
 	}
 	if ds == nil {
-		ds = []models.SoftwareDeployment{}
+		ds = []heat.SoftwareDeployment{}
 	}
 	return c.JSON(http.StatusOK, ds)
 }
@@ -199,7 +200,7 @@ func (s *Server) getSoftwareDeployment(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	d, err := s.cfg.Store.SoftwareDeployment(c.Request().Context(), id)
+	d, err := s.heat.SoftwareDeployment(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -223,14 +224,14 @@ func (s *Server) updateSoftwareDeployment(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	d, err := s.cfg.Store.UpdateSoftwareDeployment(ctx, id, models.SoftwareDeploymentUpdate{
+	d, err := s.heat.UpdateSoftwareDeployment(ctx, id, heat.SoftwareDeploymentUpdate{
 		Action: req.Action, InputValues: req.InputValues, TimeoutSec: req.TimeoutSec,
-	}, func(d *models.SoftwareDeployment) error { return s.startSoftwareRound(ctx, d, true) })
+	}, func(d *heat.SoftwareDeployment) error { return s.startSoftwareRound(ctx, d, true) })
 	if err != nil {
 		return err
 	}
 	s.log.Info("software deployment round started", "software_deployment", d.ID, "round", d.Round, "action", d.Action)
-	d, err = s.cfg.Store.SoftwareDeployment(ctx, id)
+	d, err = s.heat.SoftwareDeployment(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -243,7 +244,7 @@ func (s *Server) deleteSoftwareDeployment(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	d, err := s.cfg.Store.DeleteSoftwareDeployment(ctx, id)
+	d, err := s.heat.DeleteSoftwareDeployment(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -266,7 +267,7 @@ func (s *Server) setSoftwarePolicy(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, err := s.cfg.Store.SetAcceptForeignConfigs(c.Request().Context(), c.Param("id"), req.AcceptForeignConfigs)
+	node, err := s.heat.SetAcceptForeignConfigs(c.Request().Context(), c.Param("id"), req.AcceptForeignConfigs)
 	if err != nil {
 		return err
 	}
@@ -290,7 +291,7 @@ func (s *Server) agentSoftwareDeployments(c echo.Context) error {
 	}
 	var version string
 	changed, err := s.longPoll(c.Request().Context(), nodeID, wait, func(ctx context.Context) (bool, error) {
-		v, err := s.cfg.Store.AgentSoftwareVersion(ctx, nodeID)
+		v, err := s.heat.AgentSoftwareVersion(ctx, nodeID)
 		version = strconv.FormatInt(v, 10)
 		return version != have, err
 	})
@@ -301,7 +302,7 @@ func (s *Server) agentSoftwareDeployments(c echo.Context) error {
 	if !changed {
 		return c.NoContent(http.StatusNotModified)
 	}
-	ds, err := s.cfg.Store.AgentSoftwareDeployments(c.Request().Context(), nodeID)
+	ds, err := s.heat.AgentSoftwareDeployments(c.Request().Context(), nodeID)
 	if err != nil {
 		return err
 	}
@@ -315,7 +316,7 @@ func (s *Server) agentSoftwareDeployments(c echo.Context) error {
 // agentSoftware is a deployment as the agent's hooks see it: the config's
 // inputs with their resolved values, plus deploy_server_id, deploy_action
 // and deploy_round.
-func agentSoftware(d models.SoftwareDeployment) protocol.SoftwareDeployment {
+func agentSoftware(d heat.SoftwareDeployment) protocol.SoftwareDeployment {
 	out := protocol.SoftwareDeployment{
 		ID: d.ID, Round: d.Round, Action: d.Action, Server: d.ServerName, TimeoutSec: d.TimeoutSec,
 		InputValues: map[string]any{}, Inputs: []protocol.SoftwareIO{}, Outputs: []protocol.SoftwareIO{}, Options: map[string]any{},
@@ -360,7 +361,7 @@ func (s *Server) agentSoftwareSignal(c echo.Context) error {
 		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "a signal is a JSON object of outputs with deploy_stdout, deploy_stderr, deploy_status_code: " + err.Error()}
 	}
 	ctx := c.Request().Context()
-	rec, err := s.cfg.Store.RecordSoftwareSignal(ctx, principal(c).NodeID, id, sig)
+	rec, err := s.heat.RecordSoftwareSignal(ctx, principal(c).NodeID, id, sig)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/dev/testenv"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -275,7 +275,7 @@ func TestSoftwareIndexInOneQuery(t *testing.T) {
 	// never comes) so that only the index reads the table.
 	require.Eventually(t, func() bool {
 		var n int64
-		st.Store.DB.Model(&models.SoftwareDeployment{}).Where("status = ?", contract.SoftwareInProgress).Count(&n)
+		st.Store.DB.Model(&heat.SoftwareDeployment{}).Where("status = ?", contract.SoftwareInProgress).Count(&n)
 		return n == 4
 	}, 30*time.Second, 50*time.Millisecond)
 	st.Do(t, http.MethodGet, "/api/v1/software_configs", nil, nil) // caches the admin token

@@ -17,6 +17,7 @@ import (
 
 	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/models/roles/network"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
@@ -130,7 +131,7 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, heartbea
 	})
 	workflows.Register(w)
 	w.RegisterActivity(&activities.Activities{
-		Store: store, Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
+		Store: store, Heat: heat.New(store), Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
 	})
 	return w
 }

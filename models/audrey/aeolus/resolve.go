@@ -1,4 +1,4 @@
-package audrey
+package aeolus
 
 import (
 	"time"

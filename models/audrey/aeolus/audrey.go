@@ -1,10 +1,10 @@
-// Package audrey is the pure logic of Aeolus Audrey (seed 003): templates,
+// Package aeolus is the pure logic of Aeolus Audrey (seed 003): templates,
 // assemblies and deployables read from the seed's XML (or the same structure
 // in YAML), their validation, the instance configurations they produce,
 // reference resolution (by assembly name, by assembly type with match-type
 // all/first, by service) and deadlock (cycle) detection. It imports neither
 // GORM nor Temporal.
-package audrey
+package aeolus
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package audrey_test
+package aeolus_test
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/anneal-dev/anneal/models/audrey"
+	"github.com/anneal-dev/anneal/models/audrey/aeolus"
 )
 
 // The seed's three examples, verbatim.
@@ -200,16 +200,16 @@ deployable:
 `
 
 func TestParseSeedExamples(t *testing.T) {
-	doc, err := audrey.ParseXML([]byte(seedTemplate + "\n" + seedAssembly + "\n" + seedDeployable))
+	doc, err := aeolus.ParseXML([]byte(seedTemplate + "\n" + seedAssembly + "\n" + seedDeployable))
 	require.NoError(t, err)
 	require.Len(t, doc.Templates, 1)
 	tpl := doc.Templates[0]
 	assert.Equal(t, "Template1", tpl.Name)
-	assert.Equal(t, audrey.OS{Name: "Fedora", Version: "14"}, tpl.OS)
+	assert.Equal(t, aeolus.OS{Name: "Fedora", Version: "14"}, tpl.OS)
 	assert.Equal(t, "This is a template", tpl.Description)
 	require.Len(t, tpl.Services, 1)
 	assert.Equal(t, []string{"puppet-class-name", "puppet-class-name"}, tpl.Services[0].Scripts)
-	assert.Equal(t, []audrey.Parameter{
+	assert.Equal(t, []aeolus.Parameter{
 		{Name: "param-name", Type: "scalar", Required: true},
 		{Name: "param2-name", Type: "scalar", Provided: true},
 	}, tpl.Services[0].Parameters)
@@ -220,29 +220,29 @@ func TestParseSeedExamples(t *testing.T) {
 	assert.Equal(t, "Template1", a.Template)
 	require.Len(t, a.Services[0].Parameters, 2)
 	assert.Equal(t, "Parameter Value", *a.Services[0].Parameters[0].Value)
-	assert.Equal(t, &audrey.Reference{Assembly: "AnotherAssembly", ProvidedParameter: "param-from-another-assembly"}, a.Services[0].Parameters[1].Reference)
+	assert.Equal(t, &aeolus.Reference{Assembly: "AnotherAssembly", ProvidedParameter: "param-from-another-assembly"}, a.Services[0].Parameters[1].Reference)
 
-	assert.Equal(t, audrey.Deployable{Name: "Deployable1", Assemblies: []audrey.DeployableAssembly{
+	assert.Equal(t, aeolus.Deployable{Name: "Deployable1", Assemblies: []aeolus.DeployableAssembly{
 		{Name: "FirstAssembly", Type: "AssemblyType", HWP: "large"},
 		{Name: "SecondAssembly", Type: "AssemblyType", HWP: "large"},
 	}}, doc.Deployable)
 
 	// The seed's assembly gives a parameter its template lacks and refers
 	// to an assembly the deployable does not have.
-	errs := audrey.Validate(doc)
+	errs := aeolus.Validate(doc)
 	require.Len(t, errs, 1, errs.Error())
 	assert.Equal(t, "assembly[AssemblyType].service[service-name].parameter[another-parameter]", errs[0].Field)
 	assert.Contains(t, errs[0].Reason, `has no parameter "another-parameter"`)
 }
 
 func TestYAMLMatchesXML(t *testing.T) {
-	x, err := audrey.ParseXML([]byte(shopXML))
+	x, err := aeolus.ParseXML([]byte(shopXML))
 	require.NoError(t, err)
-	y, err := audrey.ParseYAML([]byte(shopYAML))
+	y, err := aeolus.ParseYAML([]byte(shopYAML))
 	require.NoError(t, err)
 	// The same document in both syntaxes.
 	assert.Equal(t, x, y)
-	assert.Empty(t, audrey.Validate(x))
+	assert.Empty(t, aeolus.Validate(x))
 }
 
 func TestSyntaxErrors(t *testing.T) {
@@ -259,11 +259,11 @@ func TestSyntaxErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
 			if tc.yaml {
-				_, err = audrey.ParseYAML([]byte(tc.body))
+				_, err = aeolus.ParseYAML([]byte(tc.body))
 			} else {
-				_, err = audrey.ParseXML([]byte(tc.body))
+				_, err = aeolus.ParseXML([]byte(tc.body))
 			}
-			var se *audrey.SyntaxError
+			var se *aeolus.SyntaxError
 			require.True(t, errors.As(err, &se), "%v", err)
 			switch {
 			case tc.line > 0:
@@ -320,12 +320,12 @@ func TestValidationErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			body := strings.Replace(shopXML, tc.from, tc.to, 1)
 			require.NotEqual(t, shopXML, body, "fixture edit did not apply")
-			doc, err := audrey.ParseXML([]byte(body))
-			var errs audrey.Errors
+			doc, err := aeolus.ParseXML([]byte(body))
+			var errs aeolus.Errors
 			if err != nil {
 				require.True(t, errors.As(err, &errs), "%v", err)
 			} else {
-				errs = audrey.Validate(doc)
+				errs = aeolus.Validate(doc)
 			}
 			if tc.field == "" {
 				assert.Empty(t, errs)
@@ -338,19 +338,19 @@ func TestValidationErrors(t *testing.T) {
 	}
 }
 
-func shop(t *testing.T) []audrey.InstanceConfig {
-	doc, err := audrey.ParseXML([]byte(shopXML))
+func shop(t *testing.T) []aeolus.InstanceConfig {
+	doc, err := aeolus.ParseXML([]byte(shopXML))
 	require.NoError(t, err)
-	require.Empty(t, audrey.Validate(doc))
+	require.Empty(t, aeolus.Validate(doc))
 	n := 0
-	insts := audrey.BuildInstances(doc, "dep-uuid", func() string { n++; return fmt.Sprintf("uuid-%d", n) })
-	require.Empty(t, audrey.ValidateInstances(insts))
+	insts := aeolus.BuildInstances(doc, "dep-uuid", func() string { n++; return fmt.Sprintf("uuid-%d", n) })
+	require.Empty(t, aeolus.ValidateInstances(insts))
 	return insts
 }
 
 func TestNoDeployable(t *testing.T) {
-	_, err := audrey.ParseXML([]byte(seedTemplate + seedAssembly))
-	var errs audrey.Errors
+	_, err := aeolus.ParseXML([]byte(seedTemplate + seedAssembly))
+	var errs aeolus.Errors
 	require.True(t, errors.As(err, &errs), "%v", err)
 	assert.Equal(t, "deployable", errs[0].Field)
 	assert.Contains(t, errs[0].Reason, "no <deployable> element")
@@ -366,7 +366,7 @@ func TestBuildInstancesAndEdges(t *testing.T) {
 	assert.Equal(t, []string{"db_host", "db_port"}, db.Provided)
 	assert.Equal(t, "s3cret", *db.Services[0].Parameters[0].Value)
 
-	assert.Equal(t, []audrey.Edge{
+	assert.Equal(t, []aeolus.Edge{
 		{From: "db", To: "app1", Parameter: "jboss.db_hosts", Provided: "db_host"},
 		{From: "db", To: "app1", Parameter: "jboss.db_port", Provided: "db_port"},
 		{From: "db", To: "app2", Parameter: "jboss.db_hosts", Provided: "db_host"},
@@ -376,17 +376,17 @@ func TestBuildInstancesAndEdges(t *testing.T) {
 		{From: "app2", To: "mon", Parameter: "nagios.first_app", Provided: "app_url"},
 		{From: "app1", To: "mon", Parameter: "nagios.apps", Provided: "app_url"},
 		{From: "app2", To: "mon", Parameter: "nagios.apps", Provided: "app_url"},
-	}, audrey.Edges(insts))
+	}, aeolus.Edges(insts))
 
 	// The document round-trips through the seed's instance-config XML.
 	for _, ic := range insts {
-		back, err := audrey.ParseInstanceConfig(audrey.InstanceConfigXML(&ic))
+		back, err := aeolus.ParseInstanceConfig(aeolus.InstanceConfigXML(&ic))
 		require.NoError(t, err)
 		assert.Equal(t, ic, *back)
 	}
 }
 
-func values(res audrey.Resolution) map[string][]string {
+func values(res aeolus.Resolution) map[string][]string {
 	out := map[string][]string{}
 	for _, s := range res.Services {
 		for _, p := range s.Params {
@@ -400,7 +400,7 @@ func values(res audrey.Resolution) map[string][]string {
 
 func TestResolveReferences(t *testing.T) {
 	insts := shop(t)
-	replies := audrey.Replies{}
+	replies := aeolus.Replies{}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 	type want struct {
@@ -419,24 +419,24 @@ func TestResolveReferences(t *testing.T) {
 			"mon":  {false, true, map[string][]string{}},
 		}},
 		{"db reports its host only", func() {
-			replies["uuid-1"] = map[string]audrey.Reply{"db_host": {Value: "10.0.0.5", At: t0}}
+			replies["uuid-1"] = map[string]aeolus.Reply{"db_host": {Value: "10.0.0.5", At: t0}}
 		}, map[string]want{
 			"app1": {false, false, map[string][]string{"jboss.db_hosts": {"10.0.0.5"}}},
 			"mon":  {false, true, map[string][]string{"nagios.db": {"10.0.0.5"}}},
 		}},
 		{"db reports its port", func() {
-			replies["uuid-1"]["db_port"] = audrey.Reply{Value: "3306", At: t0.Add(time.Second)}
+			replies["uuid-1"]["db_port"] = aeolus.Reply{Value: "3306", At: t0.Add(time.Second)}
 		}, map[string]want{
 			"app1": {true, true, map[string][]string{"jboss.db_hosts": {"10.0.0.5"}, "jboss.db_port": {"3306"}}},
 			"app2": {true, true, map[string][]string{"jboss.db_hosts": {"10.0.0.5"}, "jboss.db_port": {"3306"}}},
 		}},
 		{"app2 reports first, then app1", func() {
-			replies["uuid-3"] = map[string]audrey.Reply{"app_url": {Value: "http://app2", At: t0.Add(2 * time.Second)}}
+			replies["uuid-3"] = map[string]aeolus.Reply{"app_url": {Value: "http://app2", At: t0.Add(2 * time.Second)}}
 		}, map[string]want{
 			"mon": {false, true, map[string][]string{"nagios.db": {"10.0.0.5"}, "nagios.first_app": {"http://app2"}}},
 		}},
 		{"app1 reports", func() {
-			replies["uuid-2"] = map[string]audrey.Reply{"app_url": {Value: "http://app1", At: t0.Add(3 * time.Second)}}
+			replies["uuid-2"] = map[string]aeolus.Reply{"app_url": {Value: "http://app1", At: t0.Add(3 * time.Second)}}
 		}, map[string]want{
 			// all: deployable order; first: the earliest report
 			"mon": {true, true, map[string][]string{"nagios.db": {"10.0.0.5"}, "nagios.first_app": {"http://app2"}, "nagios.apps": {"http://app1", "http://app2"}}},
@@ -449,7 +449,7 @@ func TestResolveReferences(t *testing.T) {
 			if !ok {
 				continue
 			}
-			res := audrey.Resolve(insts, i, replies)
+			res := aeolus.Resolve(insts, i, replies)
 			assert.Equal(t, w.complete, res.Complete, "%s: %s complete", step.name, ic.Name)
 			if !w.complete {
 				assert.Equal(t, w.partial, res.PartialAllowed, "%s: %s partial", step.name, ic.Name)
@@ -463,12 +463,12 @@ func TestResolveReferences(t *testing.T) {
 		}
 	}
 	// The complete config renders values, a list as type="list".
-	out := string(audrey.ResolvedConfigXML(audrey.Resolve(insts, 3, replies)))
+	out := string(aeolus.ResolvedConfigXML(aeolus.Resolve(insts, 3, replies)))
 	assert.Contains(t, out, `<parameter name="apps" type="list">`)
 	assert.Contains(t, out, `<value>http://app1</value>`)
 	assert.NotContains(t, out, "<reference")
-	assert.Equal(t, []string{}, audrey.PendingProvided(&insts[0], replies))
-	assert.Equal(t, []string{"app_url"}, audrey.PendingProvided(&insts[1], audrey.Replies{}))
+	assert.Equal(t, []string{}, aeolus.PendingProvided(&insts[0], replies))
+	assert.Equal(t, []string{"app_url"}, aeolus.PendingProvided(&insts[1], aeolus.Replies{}))
 }
 
 const deadlockXML = `<audrey>
@@ -509,11 +509,11 @@ func TestDeadlock(t *testing.T) {
 		{"no cycle", `<reference assembly="a" provided-parameter="out"/>`, `<value>x</value>`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			doc, err := audrey.ParseXML([]byte(strings.Replace(deadlockXML, tc.from, tc.to, 1)))
+			doc, err := aeolus.ParseXML([]byte(strings.Replace(deadlockXML, tc.from, tc.to, 1)))
 			require.NoError(t, err)
-			require.Empty(t, audrey.Validate(doc))
-			insts := audrey.BuildInstances(doc, "d", func() string { return "x" })
-			errs := audrey.ValidateInstances(insts)
+			require.Empty(t, aeolus.Validate(doc))
+			insts := aeolus.BuildInstances(doc, "d", func() string { return "x" })
+			errs := aeolus.ValidateInstances(insts)
 			if tc.cycle == nil {
 				assert.Empty(t, errs)
 				return
@@ -526,18 +526,18 @@ func TestDeadlock(t *testing.T) {
 }
 
 func TestReplyAndInstanceConfigDocuments(t *testing.T) {
-	vals, order, err := audrey.ParseReply(audrey.ReplyXML(map[string]string{"db_host": "10.0.0.5", "db_port": "3306"}, []string{"db_host", "db_port"}))
+	vals, order, err := aeolus.ParseReply(aeolus.ReplyXML(map[string]string{"db_host": "10.0.0.5", "db_port": "3306"}, []string{"db_host", "db_port"}))
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"db_host": "10.0.0.5", "db_port": "3306"}, vals)
 	assert.Equal(t, []string{"db_host", "db_port"}, order)
 
-	_, _, err = audrey.ParseReply([]byte(`<provided-parameters><provided-parameter name="x"/></provided-parameters>`))
-	var errs audrey.Errors
+	_, _, err = aeolus.ParseReply([]byte(`<provided-parameters><provided-parameter name="x"/></provided-parameters>`))
+	var errs aeolus.Errors
 	require.True(t, errors.As(err, &errs))
 	assert.Equal(t, "provided-parameters[0].value", errs[0].Field)
 
 	// The seed's instance-config example parses.
-	ic, err := audrey.ParseInstanceConfig([]byte(`<instance-config id="INSTANCE_UUID" type="AssemblyType" name="AssemblyName">
+	ic, err := aeolus.ParseInstanceConfig([]byte(`<instance-config id="INSTANCE_UUID" type="AssemblyType" name="AssemblyName">
   <deployable name="DeployableName" id="DEPLOYABLE_UUID"/>
   <template name="TemplateName"/>
   <provided-parameters>

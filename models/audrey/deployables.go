@@ -1,4 +1,4 @@
-package models
+package audrey
 
 import (
 	"context"
@@ -14,7 +14,8 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/anneal-dev/anneal/models/audrey"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/audrey/aeolus"
 )
 
 // Deployable is an imported Audrey deployable (seed 003).
@@ -24,7 +25,7 @@ type Deployable struct {
 	Name         string                    `json:"name"`
 	DeploymentID int64                     `json:"deployment_id"`
 	Format       string                    `json:"format"`
-	Document     audrey.Document           `json:"document" gorm:"serializer:json"`
+	Document     aeolus.Document           `json:"document" gorm:"serializer:json"`
 	ServiceMap   map[string]ServiceMapping `json:"service_map" gorm:"serializer:json"`
 	CreatedAt    time.Time                 `json:"created_at"`
 }
@@ -50,9 +51,9 @@ type DeployableInstance struct {
 	AssemblyType     string                  `json:"assembly_type"`
 	HWP              string                  `json:"hwp" gorm:"column:hwp"`
 	NodeID           *int64                  `json:"node_id"`
-	Config           audrey.InstanceConfig   `json:"-" gorm:"serializer:json"`
+	Config           aeolus.InstanceConfig   `json:"-" gorm:"serializer:json"`
 	TokenHash        string                  `json:"-"`
-	Replies          map[string]audrey.Reply `json:"replies" gorm:"serializer:json"`
+	Replies          map[string]aeolus.Reply `json:"replies" gorm:"serializer:json"`
 	LastConfigStatus *int                    `json:"last_config_status"`
 	ConfigFetchedAt  *time.Time              `json:"config_fetched_at"`
 	RepliedAt        *time.Time              `json:"replied_at"`
@@ -75,15 +76,15 @@ func (in *DeployableInstance) Status() string {
 		return InstanceWaiting
 	case *in.LastConfigStatus != http.StatusOK:
 		return InstancePartial
-	case len(audrey.PendingProvided(&in.Config, in.replies())) > 0:
+	case len(aeolus.PendingProvided(&in.Config, in.replies())) > 0:
 		return InstanceConfigured
 	default:
 		return InstanceComplete
 	}
 }
 
-func (in *DeployableInstance) replies() audrey.Replies {
-	return audrey.Replies{in.Config.ID: in.Replies}
+func (in *DeployableInstance) replies() aeolus.Replies {
+	return aeolus.Replies{in.Config.ID: in.Replies}
 }
 
 // AudreyInputError turns the audrey package's errors into the API's: a
@@ -91,17 +92,17 @@ func (in *DeployableInstance) replies() audrey.Replies {
 // first element/field, with all of them (and a cycle) in the details.
 // status overrides the validation status when not 0.
 func AudreyInputError(err error, status int) error {
-	var se *audrey.SyntaxError
-	var es audrey.Errors
+	var se *aeolus.SyntaxError
+	var es aeolus.Errors
 	switch {
 	case errors.As(err, &se):
-		ie := &InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed document: " + se.Error()}
+		ie := &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed document: " + se.Error()}
 		if se.Line > 0 {
 			ie.Details = map[string]any{"line": se.Line}
 		}
 		return ie
 	case errors.As(err, &es) && len(es) > 0:
-		ie := &InputError{Status: status, Field: es[0].Field, Reason: es[0].Reason, Details: map[string]any{"errors": es}}
+		ie := &models.InputError{Status: status, Field: es[0].Field, Reason: es[0].Reason, Details: map[string]any{"errors": es}}
 		if len(es) > 1 {
 			ie.Reason += fmt.Sprintf(" (and %d more problems, see details.errors)", len(es)-1)
 		}
@@ -118,7 +119,7 @@ func AudreyInputError(err error, status int) error {
 type DeployableImport struct {
 	Deployable *Deployable
 	Instances  []DeployableInstance
-	Nodes      map[int64]*Node
+	Nodes      map[int64]*models.Node
 	Tokens     map[uuid.UUID]string
 }
 
@@ -152,39 +153,39 @@ func InstanceNodeName(instance, deployable, domain string) string {
 // instance (named by InstanceNodeName, in deployment ref, default system)
 // with its instance config and own credential, and the service map.
 func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deploymentRef string) (*DeployableImport, error) {
-	var doc *audrey.Document
+	var doc *aeolus.Document
 	var err error
 	switch format {
 	case "xml":
-		doc, err = audrey.ParseXML(body)
+		doc, err = aeolus.ParseXML(body)
 	case "yaml":
-		doc, err = audrey.ParseYAML(body)
+		doc, err = aeolus.ParseYAML(body)
 	default:
-		return nil, Invalid("format", "must be xml or yaml, not %q", format)
+		return nil, models.Invalid("format", "must be xml or yaml, not %q", format)
 	}
 	if err != nil {
 		return nil, AudreyInputError(err, 0)
 	}
-	if errs := audrey.Validate(doc); len(errs) > 0 {
+	if errs := aeolus.Validate(doc); len(errs) > 0 {
 		return nil, AudreyInputError(errs, 0)
 	}
 	depUUID := uuid.New()
-	configs := audrey.BuildInstances(doc, depUUID.String(), uuid.NewString)
-	if errs := audrey.ValidateInstances(configs); len(errs) > 0 {
+	configs := aeolus.BuildInstances(doc, depUUID.String(), uuid.NewString)
+	if errs := aeolus.ValidateInstances(configs); len(errs) > 0 {
 		return nil, AudreyInputError(errs, 0)
 	}
 	nodeNames := map[string]string{}
 	for i, ic := range configs {
 		name := InstanceNodeName(ic.Name, doc.Deployable.Name, s.Domain)
-		if err := ValidateNodeName(name, s.Domain); err != nil {
-			var ie *InputError
+		if err := models.ValidateNodeName(name, s.Domain); err != nil {
+			var ie *models.InputError
 			if errors.As(err, &ie) {
-				return nil, Invalid(fmt.Sprintf("deployable.assemblies[%d].name", i), "node name %s", ie.Reason)
+				return nil, models.Invalid(fmt.Sprintf("deployable.assemblies[%d].name", i), "node name %s", ie.Reason)
 			}
 			return nil, err
 		}
 		if other, dup := nodeNames[name]; dup {
-			return nil, Invalid(fmt.Sprintf("deployable.assemblies[%d].name", i), "assemblies %q and %q would both be node %q; rename one", other, ic.Name, name)
+			return nil, models.Invalid(fmt.Sprintf("deployable.assemblies[%d].name", i), "assemblies %q and %q would both be node %q; rename one", other, ic.Name, name)
 		}
 		nodeNames[name] = ic.Name
 	}
@@ -201,15 +202,15 @@ func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deplo
 		}
 	}
 
-	out := &DeployableImport{Nodes: map[int64]*Node{}, Tokens: map[uuid.UUID]string{}}
+	out := &DeployableImport{Nodes: map[int64]*models.Node{}, Tokens: map[uuid.UUID]string{}}
 	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		ref := deploymentRef
 		if ref == "" {
-			ref = SystemDeployment
+			ref = models.SystemDeployment
 		}
-		dep, err := findDeployment(tx, ref)
-		if errors.Is(err, ErrNotFound) {
-			return Invalid("deployment", "no deployment named or numbered %q", ref)
+		dep, err := models.FindDeployment(tx, ref)
+		if errors.Is(err, models.ErrNotFound) {
+			return models.Invalid("deployment", "no deployment named or numbered %q", ref)
 		}
 		if err != nil {
 			return err
@@ -219,17 +220,17 @@ func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deplo
 			return fmt.Errorf("check deployable name: %w", err)
 		}
 		if count > 0 {
-			return &ConflictError{Reason: fmt.Sprintf("a deployable named %q already exists", doc.Deployable.Name)}
+			return &models.ConflictError{Reason: fmt.Sprintf("a deployable named %q already exists", doc.Deployable.Name)}
 		}
 		d := &Deployable{UUID: depUUID, Name: doc.Deployable.Name, DeploymentID: dep.ID, Format: format, Document: *doc, ServiceMap: serviceMap}
 		if err := tx.Create(d).Error; err != nil {
-			return fmt.Errorf("create deployable %q: %w", d.Name, uniqueViolation(err, fmt.Sprintf("a deployable named %q already exists", d.Name)))
+			return fmt.Errorf("create deployable %q: %w", d.Name, models.UniqueViolation(err, fmt.Sprintf("a deployable named %q already exists", d.Name)))
 		}
 		out.Deployable = d
-		inner := &Store{DB: tx, Domain: s.Domain}
+		inner := &models.Store{DB: tx, Domain: s.Domain}
 		for i, ic := range configs {
 			da := doc.Deployable.Assemblies[i]
-			node, _, err := inner.CreateNode(ctx, NodeInput{Name: InstanceNodeName(ic.Name, d.Name, s.Domain), Deployment: dep.Name}, false)
+			node, _, err := inner.CreateNode(ctx, models.NodeInput{Name: InstanceNodeName(ic.Name, d.Name, s.Domain), Deployment: dep.Name}, false)
 			if err != nil {
 				return err
 			}
@@ -241,15 +242,15 @@ func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deplo
 				"deployable": d.Name, "deployable_uuid": d.UUID.String(), "instance_uuid": ic.ID,
 				"assembly": ic.Name, "assembly_type": ic.Type, "hwp": da.HWP, "services": services,
 			}}
-			if err := tx.Model(&Node{}).Where("id = ?", node.ID).Update("attributes", node.Attributes).Error; err != nil {
+			if err := tx.Model(&models.Node{}).Where("id = ?", node.ID).Update("attributes", node.Attributes).Error; err != nil {
 				return fmt.Errorf("set node %s attributes: %w", node.Name, err)
 			}
 			out.Nodes[node.ID] = node
-			secret := NewSecret("aud_")
+			secret := models.NewSecret("aud_")
 			id := uuid.MustParse(ic.ID)
 			nodeID := node.ID
 			inst := DeployableInstance{UUID: id, DeployableID: d.ID, Position: i, Name: ic.Name, AssemblyType: ic.Type,
-				HWP: da.HWP, NodeID: &nodeID, Config: ic, TokenHash: HashSecret(secret), Replies: map[string]audrey.Reply{}}
+				HWP: da.HWP, NodeID: &nodeID, Config: ic, TokenHash: models.HashSecret(secret), Replies: map[string]aeolus.Reply{}}
 			if err := tx.Create(&inst).Error; err != nil {
 				return fmt.Errorf("create instance %s: %w", ic.Name, err)
 			}
@@ -276,7 +277,7 @@ func findDeployable(tx *gorm.DB, ref string) (*Deployable, error) {
 	}
 	err := q.Take(&d).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("deployable", ref)
+		return nil, models.NotFound("deployable", ref)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load deployable %s: %w", ref, err)
@@ -321,7 +322,7 @@ func (s *Store) Instance(ctx context.Context, id uuid.UUID) (*DeployableInstance
 	var in DeployableInstance
 	err := s.DB.WithContext(ctx).Where("uuid = ?", id).Take(&in).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("instance", id)
+		return nil, models.NotFound("instance", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load instance %s: %w", id, err)
@@ -332,7 +333,7 @@ func (s *Store) Instance(ctx context.Context, id uuid.UUID) (*DeployableInstance
 // InstanceTokenExists reports whether secret is some instance's credential.
 func (s *Store) InstanceTokenExists(ctx context.Context, secret string) (bool, error) {
 	var count int64
-	err := s.DB.WithContext(ctx).Model(&DeployableInstance{}).Where("token_hash = ?", HashSecret(secret)).Count(&count).Error
+	err := s.DB.WithContext(ctx).Model(&DeployableInstance{}).Where("token_hash = ?", models.HashSecret(secret)).Count(&count).Error
 	if err != nil {
 		return false, fmt.Errorf("check instance token: %w", err)
 	}
@@ -340,8 +341,8 @@ func (s *Store) InstanceTokenExists(ctx context.Context, secret string) (bool, e
 }
 
 // InstanceConfigs returns the configs of instances, in order.
-func InstanceConfigs(insts []DeployableInstance) []audrey.InstanceConfig {
-	out := make([]audrey.InstanceConfig, len(insts))
+func InstanceConfigs(insts []DeployableInstance) []aeolus.InstanceConfig {
+	out := make([]aeolus.InstanceConfig, len(insts))
 	for i := range insts {
 		out[i] = insts[i].Config
 	}
@@ -349,8 +350,8 @@ func InstanceConfigs(insts []DeployableInstance) []audrey.InstanceConfig {
 }
 
 // InstanceReplies returns every instance's replies by instance UUID.
-func InstanceReplies(insts []DeployableInstance) audrey.Replies {
-	out := audrey.Replies{}
+func InstanceReplies(insts []DeployableInstance) aeolus.Replies {
+	out := aeolus.Replies{}
 	for _, in := range insts {
 		out[in.Config.ID] = in.Replies
 	}
@@ -360,15 +361,15 @@ func InstanceReplies(insts []DeployableInstance) audrey.Replies {
 // FetchConfig answers GET /configs/:uuid: the instance's config resolved
 // against its deployable's replies so far, and the status code (200
 // complete, 202 partial, 204 partial but not allowed), which it records.
-func (s *Store) FetchConfig(ctx context.Context, id uuid.UUID) (audrey.Resolution, int, error) {
+func (s *Store) FetchConfig(ctx context.Context, id uuid.UUID) (aeolus.Resolution, int, error) {
 	db := s.DB.WithContext(ctx)
 	in, err := s.Instance(ctx, id)
 	if err != nil {
-		return audrey.Resolution{}, 0, err
+		return aeolus.Resolution{}, 0, err
 	}
 	insts, err := deployableInstances(db, in.DeployableID)
 	if err != nil {
-		return audrey.Resolution{}, 0, err
+		return aeolus.Resolution{}, 0, err
 	}
 	idx := -1
 	for i := range insts {
@@ -377,7 +378,7 @@ func (s *Store) FetchConfig(ctx context.Context, id uuid.UUID) (audrey.Resolutio
 		}
 	}
 	configs := InstanceConfigs(insts)
-	res := audrey.Resolve(configs, idx, InstanceReplies(insts))
+	res := aeolus.Resolve(configs, idx, InstanceReplies(insts))
 	res.Config = &configs[idx]
 	status := http.StatusOK
 	switch {
@@ -387,7 +388,7 @@ func (s *Store) FetchConfig(ctx context.Context, id uuid.UUID) (audrey.Resolutio
 	default:
 		status = http.StatusNoContent
 	}
-	t := now()
+	t := models.Now()
 	if err := db.Model(&DeployableInstance{}).Where("id = ?", in.ID).
 		Updates(map[string]any{"last_config_status": status, "config_fetched_at": t, "updated_at": t}).Error; err != nil {
 		return res, 0, fmt.Errorf("record config fetch of %s: %w", id, err)
@@ -402,7 +403,7 @@ func (s *Store) PendingParams(ctx context.Context, id uuid.UUID) ([]string, erro
 	if err != nil {
 		return nil, err
 	}
-	return audrey.PendingProvided(&in.Config, in.replies()), nil
+	return aeolus.PendingProvided(&in.Config, in.replies()), nil
 }
 
 // StoreReply answers PUT /reply/:uuid: it stores the reported values of
@@ -415,21 +416,21 @@ func (s *Store) StoreReply(ctx context.Context, id uuid.UUID, values map[string]
 		var in DeployableInstance
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Where("uuid = ?", id).Take(&in).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("instance", id)
+			return models.NotFound("instance", id)
 		}
 		if err != nil {
 			return fmt.Errorf("lock instance %s: %w", id, err)
 		}
 		for i, name := range order {
 			if !in.Config.Provides(name) {
-				return &InputError{Status: http.StatusBadRequest, Field: fmt.Sprintf("provided-parameters[%d]", i),
+				return &models.InputError{Status: http.StatusBadRequest, Field: fmt.Sprintf("provided-parameters[%d]", i),
 					Reason: fmt.Sprintf("instance %s (%s) provides no parameter %q; it provides %v", id, in.Name, name, in.Config.Provided)}
 			}
 		}
 		if in.Replies == nil {
-			in.Replies = map[string]audrey.Reply{}
+			in.Replies = map[string]aeolus.Reply{}
 		}
-		t := now()
+		t := models.Now()
 		for _, name := range order {
 			r, ok := in.Replies[name]
 			if !ok {
@@ -453,18 +454,18 @@ func (s *Store) StoreReply(ctx context.Context, id uuid.UUID, values map[string]
 // the uuid, its deployable is the instance's, its name and type unchanged,
 // its references resolvable in the deployable and free of cycles). Every
 // problem is an invalid document (400).
-func (s *Store) ReplaceInstanceConfig(ctx context.Context, id uuid.UUID, ic *audrey.InstanceConfig) error {
+func (s *Store) ReplaceInstanceConfig(ctx context.Context, id uuid.UUID, ic *aeolus.InstanceConfig) error {
 	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var in DeployableInstance
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Where("uuid = ?", id).Take(&in).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("instance", id)
+			return models.NotFound("instance", id)
 		}
 		if err != nil {
 			return fmt.Errorf("lock instance %s: %w", id, err)
 		}
 		bad := func(field, format string, args ...any) error {
-			return &InputError{Status: http.StatusBadRequest, Field: field, Reason: fmt.Sprintf(format, args...)}
+			return &models.InputError{Status: http.StatusBadRequest, Field: field, Reason: fmt.Sprintf(format, args...)}
 		}
 		if !strings.EqualFold(ic.ID, id.String()) {
 			return bad("instance-config.id", "is %q, not the uuid of the URL %s", ic.ID, id)
@@ -487,10 +488,10 @@ func (s *Store) ReplaceInstanceConfig(ctx context.Context, id uuid.UUID, ic *aud
 				configs[i] = *ic
 			}
 		}
-		if errs := audrey.ValidateInstances(configs); len(errs) > 0 {
+		if errs := aeolus.ValidateInstances(configs); len(errs) > 0 {
 			return AudreyInputError(errs, http.StatusBadRequest)
 		}
-		t := now()
+		t := models.Now()
 		in.Config, in.UpdatedAt = *ic, t
 		if err := tx.Select("config", "updated_at").Save(&in).Error; err != nil {
 			return fmt.Errorf("replace config of %s: %w", id, err)
@@ -504,7 +505,7 @@ func (s *Store) ReplaceInstanceConfig(ctx context.Context, id uuid.UUID, ic *aud
 type DeployableView struct {
 	*Deployable
 	Instances []InstanceView `json:"instances"`
-	Edges     []audrey.Edge  `json:"edges"`
+	Edges     []aeolus.Edge  `json:"edges"`
 }
 
 // InstanceView is an instance as the API shows it.
@@ -528,7 +529,7 @@ func (s *Store) ViewDeployable(ctx context.Context, d *Deployable, insts []Deplo
 	}
 	names := map[int64]string{}
 	if len(ids) > 0 {
-		var nodes []Node
+		var nodes []models.Node
 		if err := s.DB.WithContext(ctx).Select("id", "name").Where("id IN ?", ids).Find(&nodes).Error; err != nil {
 			return nil, fmt.Errorf("load instance nodes: %w", err)
 		}
@@ -538,14 +539,14 @@ func (s *Store) ViewDeployable(ctx context.Context, d *Deployable, insts []Deplo
 	}
 	configs := InstanceConfigs(insts)
 	replies := InstanceReplies(insts)
-	view := &DeployableView{Deployable: d, Edges: audrey.Edges(configs)}
+	view := &DeployableView{Deployable: d, Edges: aeolus.Edges(configs)}
 	if view.Edges == nil {
-		view.Edges = []audrey.Edge{}
+		view.Edges = []aeolus.Edge{}
 	}
 	for i, in := range insts {
-		res := audrey.Resolve(configs, i, replies)
+		res := aeolus.Resolve(configs, i, replies)
 		iv := InstanceView{DeployableInstance: in, Status: in.Status(), MissingInputs: res.Missing,
-			PendingProvided: audrey.PendingProvided(&configs[i], replies), Token: tokens[in.UUID]}
+			PendingProvided: aeolus.PendingProvided(&configs[i], replies), Token: tokens[in.UUID]}
 		if iv.MissingInputs == nil {
 			iv.MissingInputs = []string{}
 		}

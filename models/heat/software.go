@@ -1,4 +1,4 @@
-package models
+package heat
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -129,16 +130,16 @@ func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIO
 	for i, d := range defs {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		if d.Name == "" {
-			return nil, Invalid(f+".name", "is required")
+			return nil, models.Invalid(f+".name", "is required")
 		}
 		if !softwareNameRe.MatchString(d.Name) {
-			return nil, Invalid(f+".name", "%q must be a letter or _ then letters, digits or _ (it becomes an environment variable and a file name)", d.Name)
+			return nil, models.Invalid(f+".name", "%q must be a letter or _ then letters, digits or _ (it becomes an environment variable and a file name)", d.Name)
 		}
 		if strings.HasPrefix(d.Name, "deploy_") {
-			return nil, Invalid(f+".name", "%q: names starting with deploy_ are reserved (deploy_server_id, deploy_action, deploy_stdout, ...)", d.Name)
+			return nil, models.Invalid(f+".name", "%q: names starting with deploy_ are reserved (deploy_server_id, deploy_action, deploy_stdout, ...)", d.Name)
 		}
 		if seen[d.Name] {
-			return nil, Invalid(f+".name", "%q is declared twice", d.Name)
+			return nil, models.Invalid(f+".name", "%q is declared twice", d.Name)
 		}
 		seen[d.Name] = true
 		if d.Type == "" {
@@ -146,14 +147,14 @@ func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIO
 		}
 		t, ok := softwareTypes[strings.ToLower(d.Type)]
 		if !ok {
-			return nil, Invalid(f+".type", "%q is not one of String, Number, CommaDelimitedList, Json, Boolean", d.Type)
+			return nil, models.Invalid(f+".type", "%q is not one of String, Number, CommaDelimitedList, Json, Boolean", d.Type)
 		}
 		d.Type = t
 		if d.ErrorOutput && !outputs {
-			return nil, Invalid(f+".error_output", "only outputs can be error outputs")
+			return nil, models.Invalid(f+".error_output", "only outputs can be error outputs")
 		}
 		if d.Default != nil && outputs {
-			return nil, Invalid(f+".default", "outputs have no default")
+			return nil, models.Invalid(f+".default", "outputs have no default")
 		}
 		out = append(out, d)
 	}
@@ -164,16 +165,16 @@ func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIO
 // updated: a change is a new config.
 func (s *Store) CreateSoftwareConfig(ctx context.Context, in SoftwareConfigInput) (*SoftwareConfig, error) {
 	if strings.TrimSpace(in.Name) == "" {
-		return nil, Invalid("name", "is required")
+		return nil, models.Invalid("name", "is required")
 	}
 	if len(in.Name) > 255 {
-		return nil, Invalid("name", "is longer than 255 characters")
+		return nil, models.Invalid("name", "is longer than 255 characters")
 	}
 	if in.Group == "" {
 		in.Group = DefaultSoftwareGroup
 	}
 	if !softwareGroupRe.MatchString(in.Group) {
-		return nil, Invalid("group", "%q must be letters, digits and . _ : + - (it names the hook that runs the config)", in.Group)
+		return nil, models.Invalid("group", "%q must be letters, digits and . _ : + - (it names the hook that runs the config)", in.Group)
 	}
 	inputs, err := checkSchema("inputs", in.Inputs, false)
 	if err != nil {
@@ -189,9 +190,9 @@ func (s *Store) CreateSoftwareConfig(ctx context.Context, in SoftwareConfigInput
 	cfg := &SoftwareConfig{Name: in.Name, Group: in.Group, Config: in.Config, Inputs: inputs, Outputs: outputs, Options: in.Options}
 	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if in.Deployment != "" {
-			dep, err := findDeployment(tx, in.Deployment)
-			if errors.Is(err, ErrNotFound) {
-				return Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
+			dep, err := models.FindDeployment(tx, in.Deployment)
+			if errors.Is(err, models.ErrNotFound) {
+				return models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
 			}
 			if err != nil {
 				return err
@@ -223,7 +224,7 @@ func (s *Store) SoftwareConfig(ctx context.Context, id int64) (*SoftwareConfig, 
 	var cfg SoftwareConfig
 	err := s.DB.WithContext(ctx).Take(&cfg, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, notFound("software config", id)
+		return nil, models.NotFound("software config", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load software config %d: %w", id, err)
@@ -237,7 +238,7 @@ func (s *Store) DeleteSoftwareConfig(ctx context.Context, id int64) error {
 		var cfg SoftwareConfig
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&cfg, id).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("software config", id)
+			return models.NotFound("software config", id)
 		}
 		if err != nil {
 			return fmt.Errorf("load software config %d: %w", id, err)
@@ -247,7 +248,7 @@ func (s *Store) DeleteSoftwareConfig(ctx context.Context, id int64) error {
 			return fmt.Errorf("find deployments of software config %d: %w", id, err)
 		}
 		if len(users) > 0 {
-			return &ConflictError{Reason: fmt.Sprintf("software config %d is used by software deployment(s) %s; delete them first", id, joinIDs(users))}
+			return &models.ConflictError{Reason: fmt.Sprintf("software config %d is used by software deployment(s) %s; delete them first", id, joinIDs(users))}
 		}
 		if err := tx.Delete(&SoftwareConfig{}, id).Error; err != nil {
 			return fmt.Errorf("delete software config %d: %w", id, err)
@@ -337,22 +338,22 @@ func checkInputValues(tx *gorm.DB, cfg *SoftwareConfig, values map[string]any, s
 	for _, name := range names {
 		field := "input_values." + name
 		if !declared[name] {
-			return Invalid(field, "software config %d (%s) declares no input %q", cfg.ID, cfg.Name, name)
+			return models.Invalid(field, "software config %d (%s) declares no input %q", cfg.ID, cfg.Name, name)
 		}
 		id, output, isRef, err := getAttr(values[name])
 		if err != nil {
-			return Invalid(field, "%v", err)
+			return models.Invalid(field, "%v", err)
 		}
 		if !isRef {
 			continue
 		}
 		if id == self {
-			return Invalid(field, "get_attr refers to this deployment itself")
+			return models.Invalid(field, "get_attr refers to this deployment itself")
 		}
 		var ref SoftwareDeployment
 		err = tx.Take(&ref, id).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return Invalid(field, "get_attr refers to software deployment %d, which does not exist", id)
+			return models.Invalid(field, "get_attr refers to software deployment %d, which does not exist", id)
 		}
 		if err != nil {
 			return fmt.Errorf("load software deployment %d: %w", id, err)
@@ -362,7 +363,7 @@ func checkInputValues(tx *gorm.DB, cfg *SoftwareConfig, values map[string]any, s
 			return fmt.Errorf("load software config %d: %w", ref.ConfigID, err)
 		}
 		if !hasOutput(&refCfg, output) {
-			return Invalid(field, "get_attr: software deployment %d (config %s) has no output %q", id, refCfg.Name, output)
+			return models.Invalid(field, "get_attr: software deployment %d (config %s) has no output %q", id, refCfg.Name, output)
 		}
 	}
 	return nil
@@ -383,14 +384,14 @@ func checkAction(action string, create bool) (string, error) {
 	switch a := strings.ToUpper(action); a {
 	case contract.ActionDeploy, contract.ActionRedeploy, contract.ActionUndeploy:
 		if !create && a == contract.ActionDeploy {
-			return "", Invalid("action", "a new round is REDEPLOY or UNDEPLOY")
+			return "", models.Invalid("action", "a new round is REDEPLOY or UNDEPLOY")
 		}
 		return a, nil
 	}
-	return "", Invalid("action", "%q is not one of DEPLOY, REDEPLOY, UNDEPLOY", action)
+	return "", models.Invalid("action", "%q is not one of DEPLOY, REDEPLOY, UNDEPLOY", action)
 }
 
-func acceptsForeign(n *Node) bool {
+func acceptsForeign(n *models.Node) bool {
 	v, ok := n.Attributes[AcceptForeignConfigs]
 	if !ok {
 		return false
@@ -410,10 +411,10 @@ func acceptsForeign(n *Node) bool {
 // database transaction, so nothing is recorded if the start fails.
 func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploymentInput, start func(*SoftwareDeployment) error) (*SoftwareDeployment, error) {
 	if in.ConfigID == 0 {
-		return nil, Invalid("config_id", "is required")
+		return nil, models.Invalid("config_id", "is required")
 	}
 	if in.Server == "" {
-		return nil, Invalid("server_id", "is required (a node id or name)")
+		return nil, models.Invalid("server_id", "is required (a node id or name)")
 	}
 	action, err := checkAction(in.Action, true)
 	if err != nil {
@@ -423,7 +424,7 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 		in.TimeoutSec = DefaultSoftwareTimeoutSec
 	}
 	if in.TimeoutSec < 1 || in.TimeoutSec > 7*24*3600 {
-		return nil, Invalid("timeout_sec", "must be between 1 and 604800 seconds")
+		return nil, models.Invalid("timeout_sec", "must be between 1 and 604800 seconds")
 	}
 	if in.InputValues == nil {
 		in.InputValues = map[string]any{}
@@ -433,14 +434,14 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 		var cfg SoftwareConfig
 		err := tx.Take(&cfg, in.ConfigID).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return Invalid("config_id", "no software config %d", in.ConfigID)
+			return models.Invalid("config_id", "no software config %d", in.ConfigID)
 		}
 		if err != nil {
 			return fmt.Errorf("load software config %d: %w", in.ConfigID, err)
 		}
-		node, err := (&Store{DB: tx}).Node(ctx, in.Server)
-		if errors.Is(err, ErrNotFound) {
-			return Invalid("server_id", "no node with id or name %q", in.Server)
+		node, err := (&models.Store{DB: tx, Domain: s.Domain}).Node(ctx, in.Server)
+		if errors.Is(err, models.ErrNotFound) {
+			return models.Invalid("server_id", "no node with id or name %q", in.Server)
 		}
 		if err != nil {
 			return err
@@ -481,35 +482,35 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 // attribute accept_foreign_configs is true. The origin is the request's
 // deployment, else the config's, else the node's; a config bound to another
 // deployment than the request's is refused too.
-func (s *Store) softwareOrigin(tx *gorm.DB, ref string, cfg *SoftwareConfig, node *Node) (int64, error) {
+func (s *Store) softwareOrigin(tx *gorm.DB, ref string, cfg *SoftwareConfig, node *models.Node) (int64, error) {
 	origin := node.DeploymentID
 	if cfg.DeploymentID != nil {
 		origin = *cfg.DeploymentID
 	}
 	if ref != "" {
-		dep, err := findDeployment(tx, ref)
-		if errors.Is(err, ErrNotFound) {
-			return 0, Invalid("deployment", "no deployment named or numbered %q", ref)
+		dep, err := models.FindDeployment(tx, ref)
+		if errors.Is(err, models.ErrNotFound) {
+			return 0, models.Invalid("deployment", "no deployment named or numbered %q", ref)
 		}
 		if err != nil {
 			return 0, err
 		}
 		if cfg.DeploymentID != nil && *cfg.DeploymentID != dep.ID {
 			return 0, fmt.Errorf("software config %d belongs to deployment %s, not to deployment %s: %w",
-				cfg.ID, deploymentName(tx, *cfg.DeploymentID), dep.Name, ErrForbidden)
+				cfg.ID, deploymentName(tx, *cfg.DeploymentID), dep.Name, models.ErrForbidden)
 		}
 		origin = dep.ID
 	}
 	if origin != node.DeploymentID && !acceptsForeign(node) {
 		return 0, fmt.Errorf("node %s belongs to deployment %s and accepts software deployments only from it, not from deployment %s (set the node attribute %s to true to allow others): %w",
-			node.Name, deploymentName(tx, node.DeploymentID), deploymentName(tx, origin), AcceptForeignConfigs, ErrForbidden)
+			node.Name, deploymentName(tx, node.DeploymentID), deploymentName(tx, origin), AcceptForeignConfigs, models.ErrForbidden)
 	}
 	return origin, nil
 }
 
 func deploymentName(tx *gorm.DB, id int64) string {
 	var name string
-	if err := tx.Model(&Deployment{}).Where("id = ?", id).Pluck("name", &name).Error; err != nil || name == "" {
+	if err := tx.Model(&models.Deployment{}).Where("id = ?", id).Pluck("name", &name).Error; err != nil || name == "" {
 		return strconv.FormatInt(id, 10)
 	}
 	return strconv.Quote(name)
@@ -531,16 +532,16 @@ func (s *Store) UpdateSoftwareDeployment(ctx context.Context, id int64, up Softw
 		return nil, err
 	}
 	if up.Action == "" {
-		return nil, Invalid("action", "is required: REDEPLOY or UNDEPLOY")
+		return nil, models.Invalid("action", "is required: REDEPLOY or UNDEPLOY")
 	}
 	if up.TimeoutSec != 0 && (up.TimeoutSec < 1 || up.TimeoutSec > 7*24*3600) {
-		return nil, Invalid("timeout_sec", "must be between 1 and 604800 seconds")
+		return nil, models.Invalid("timeout_sec", "must be between 1 and 604800 seconds")
 	}
 	var d SoftwareDeployment
 	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("software deployment", id)
+			return models.NotFound("software deployment", id)
 		}
 		if err != nil {
 			return fmt.Errorf("load software deployment %d: %w", id, err)
@@ -582,7 +583,7 @@ func (s *Store) DeleteSoftwareDeployment(ctx context.Context, id int64) (*Softwa
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("software deployment", id)
+			return models.NotFound("software deployment", id)
 		}
 		if err != nil {
 			return fmt.Errorf("load software deployment %d: %w", id, err)
@@ -658,7 +659,7 @@ func (s *Store) SoftwareDeployment(ctx context.Context, id int64) (*SoftwareDepl
 		return nil, fmt.Errorf("load software deployment %d: %w", id, err)
 	}
 	if len(ds) == 0 {
-		return nil, notFound("software deployment", id)
+		return nil, models.NotFound("software deployment", id)
 	}
 	return &ds[0], nil
 }
@@ -752,7 +753,7 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 		if err := tx.Take(&cfg, d.ConfigID).Error; err != nil {
 			return fmt.Errorf("load software config %d: %w", d.ConfigID, err)
 		}
-		var node Node
+		var node models.Node
 		if err := tx.Select("name").Take(&node, d.NodeID).Error; err != nil {
 			return fmt.Errorf("load node %d: %w", d.NodeID, err)
 		}
@@ -825,7 +826,7 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 		err = tx.Raw(`UPDATE software_deployments SET status = ?, status_reason = '', resolved_inputs = ?,
 version = nextval('software_deployment_version_seq'), updated_at = now()
 WHERE id = ? AND round = ? RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
-			contract.SoftwareInProgress, swJSON(resolved), id, round, WorkChannel).Scan(&n).Error
+			contract.SoftwareInProgress, swJSON(resolved), id, round, models.WorkChannel).Scan(&n).Error
 		if err != nil {
 			return fmt.Errorf("start round %d of software deployment %d: %w", round, id, err)
 		}
@@ -854,7 +855,7 @@ output_values = CASE WHEN signaled_round = round THEN
 version = nextval('software_deployment_version_seq'), updated_at = now()
 WHERE id = ? AND round = ? AND status IN ?
 RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
-		status, stripNUL(reason), id, round, []string{contract.SoftwareWaiting, contract.SoftwareInProgress}, WorkChannel).Scan(&n).Error
+		status, models.StripNUL(reason), id, round, []string{contract.SoftwareWaiting, contract.SoftwareInProgress}, models.WorkChannel).Scan(&n).Error
 	if err != nil {
 		return false, fmt.Errorf("finish round %d of software deployment %d: %w", round, id, err)
 	}
@@ -924,13 +925,13 @@ func (s *Store) RecordSoftwareSignal(ctx context.Context, nodeID, id int64, sig 
 		var d SoftwareDeployment
 		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&d, id).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return notFound("software deployment", id)
+			return models.NotFound("software deployment", id)
 		}
 		if err != nil {
 			return fmt.Errorf("load software deployment %d: %w", id, err)
 		}
 		if d.NodeID != nodeID {
-			return fmt.Errorf("software deployment %d belongs to another node: %w", id, ErrForbidden)
+			return fmt.Errorf("software deployment %d belongs to another node: %w", id, models.ErrForbidden)
 		}
 		rec.Deployment = &d
 		round := sig.Round
@@ -938,19 +939,19 @@ func (s *Store) RecordSoftwareSignal(ctx context.Context, nodeID, id int64, sig 
 			round = d.Round
 		}
 		if round != d.Round {
-			return &ConflictError{Reason: fmt.Sprintf("software deployment %d is in round %d, not %d; the signal is for an old round", id, d.Round, round)}
+			return &models.ConflictError{Reason: fmt.Sprintf("software deployment %d is in round %d, not %d; the signal is for an old round", id, d.Round, round)}
 		}
 		rec.Summary = summarize(round, sig)
 		if d.SignaledRound == round {
 			return nil // repeated: the first signal stands
 		}
 		if d.Status != contract.SoftwareInProgress {
-			return &ConflictError{Reason: fmt.Sprintf("software deployment %d round %d is %s, not IN_PROGRESS (%s)", id, round, d.Status, d.StatusReason)}
+			return &models.ConflictError{Reason: fmt.Sprintf("software deployment %d round %d is %s, not IN_PROGRESS (%s)", id, round, d.Status, d.StatusReason)}
 		}
-		stored := storedSignal{Outputs: sig.Outputs, Stdout: stripNUL(sig.Stdout), Stderr: stripNUL(sig.Stderr),
-			StatusCode: sig.StatusCode, StatusReason: stripNUL(sig.StatusReason)}
+		stored := storedSignal{Outputs: sig.Outputs, Stdout: models.StripNUL(sig.Stdout), Stderr: models.StripNUL(sig.Stderr),
+			StatusCode: sig.StatusCode, StatusReason: models.StripNUL(sig.StatusReason)}
 		err = tx.Exec("UPDATE software_deployments SET signaled_round = ?, signal = ?, updated_at = now() WHERE id = ?",
-			round, stripNUL(swJSON(stored)), id).Error
+			round, models.StripNUL(swJSON(stored)), id).Error
 		if err != nil {
 			return fmt.Errorf("record signal of software deployment %d: %w", id, err)
 		}
@@ -981,7 +982,7 @@ func summarize(round int, sig protocol.SoftwareSignal) contract.SoftwareSignalSu
 }
 
 // SetAcceptForeignConfigs sets the node's deployment policy attribute.
-func (s *Store) SetAcceptForeignConfigs(ctx context.Context, ref string, accept bool) (*Node, error) {
+func (s *Store) SetAcceptForeignConfigs(ctx context.Context, ref string, accept bool) (*models.Node, error) {
 	node, err := s.Node(ctx, ref)
 	if err != nil {
 		return nil, err
