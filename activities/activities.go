@@ -17,15 +17,19 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // Activities carries what the activities need.
 type Activities struct {
-	Store *models.Store
-	Heat  *heat.Store
-	Log   *slog.Logger
+	Store   *models.Store
+	Fuel    *fuel.Store
+	Crowbar *crowbar.Store
+	Heat    *heat.Store
+	Log     *slog.Logger
 	// OrchestratorDir is where master_shell tasks run (a directory per
 	// node); default <tmp>/anneal-orchestrator.
 	OrchestratorDir string
@@ -55,8 +59,8 @@ func (a *Activities) PlanGraph(ctx context.Context, ref contract.GraphRef) (*con
 	if err != nil {
 		return nil, err
 	}
-	p, err := a.Store.PlanGraph(ctx, id, ref.GraphIndex)
-	var perr *models.PlanError
+	p, err := a.Fuel.PlanGraph(ctx, id, ref.GraphIndex)
+	var perr *fuel.PlanError
 	if errors.As(err, &perr) {
 		return nil, temporal.NewNonRetryableApplicationError(perr.Reason, contract.ErrTypePlan, nil)
 	}
@@ -76,13 +80,13 @@ func (a *Activities) LoadNodePlan(ctx context.Context, ref contract.NodeRef) (*c
 	if err != nil {
 		return nil, err
 	}
-	np, err := a.Store.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
+	np, err := a.Fuel.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
 	if err != nil {
 		return nil, err
 	}
 	for _, r := range np.Runs {
 		if r.State == contract.RunPending {
-			return np, a.Store.StartNodeGraph(ctx, ref.NodeID)
+			return np, a.Fuel.StartNodeGraph(ctx, ref.NodeID)
 		}
 	}
 	return np, nil
@@ -199,7 +203,7 @@ func (a *Activities) FinishTransaction(ctx context.Context, in contract.FinishIn
 	if err != nil {
 		return nil, err
 	}
-	st, err := a.Store.FinishTransaction(ctx, id, in.Stopped, in.FailReason)
+	st, err := a.Fuel.FinishTransaction(ctx, id, in.Stopped, in.FailReason)
 	if err != nil {
 		return nil, missingTransaction(ctx, err)
 	}
@@ -223,7 +227,7 @@ func (a *Activities) FinishNodeGraph(ctx context.Context, end contract.NodeGraph
 	if err != nil {
 		return err
 	}
-	return a.Store.FinishNodeGraph(ctx, id, end.GraphIndex, end.NodeID, end.Outcome)
+	return a.Fuel.FinishNodeGraph(ctx, id, end.GraphIndex, end.NodeID, end.Outcome)
 }
 
 // missingTransactionAttempts bounds how long an activity waits for its

@@ -11,6 +11,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -26,14 +27,14 @@ const (
 // goes to transition and gets its run workflow in one database transaction.
 // A noderole another caller started first is passed over.
 func (a *Activities) Anneal(ctx context.Context) (*contract.AnnealResult, error) {
-	next, err := a.Store.NextNodeRoles(ctx, 0, AnnealBatch)
+	next, err := a.Crowbar.NextNodeRoles(ctx, 0, AnnealBatch)
 	if err != nil {
 		return nil, err
 	}
 	res := &contract.AnnealResult{More: len(next) == AnnealBatch}
 	var failed error
 	for _, nr := range next {
-		_, err := a.Store.StartNodeRole(ctx, nr.ID, func(n *models.NodeRole) error {
+		_, err := a.Crowbar.StartNodeRole(ctx, nr.ID, func(n *crowbar.NodeRole) error {
 			return a.startNodeRoleRun(ctx, n)
 		})
 		var conflict *models.ConflictError
@@ -62,7 +63,7 @@ func (a *Activities) Anneal(ctx context.Context) (*contract.AnnealResult, error)
 }
 
 // startNodeRoleRun starts the workflow of the noderole's next run.
-func (a *Activities) startNodeRoleRun(ctx context.Context, nr *models.NodeRole) error {
+func (a *Activities) startNodeRoleRun(ctx context.Context, nr *crowbar.NodeRole) error {
 	return contract.StartNodeRoleRun(ctx, a.Temporal, a.TaskQueue, contract.NodeRoleRunInput{
 		NodeRoleID: nr.ID, Run: nr.RunCount + 1, Node: nr.NodeName, Role: nr.RoleName, HeartbeatTimeoutSec: a.HeartbeatTimeoutSec,
 	})
@@ -73,7 +74,7 @@ func (a *Activities) startNodeRoleRun(ctx context.Context, nr *models.NodeRole) 
 // otherwise they would hold their node forever. The annealer runs it when
 // it starts and when it has been idle for its fallback period.
 func (a *Activities) RecoverTransitions(ctx context.Context) ([]int64, error) {
-	nrs, err := a.Store.NodeRolesInTransition(ctx)
+	nrs, err := a.Crowbar.NodeRolesInTransition(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +95,7 @@ func (a *Activities) RecoverTransitions(ctx context.Context) ([]int64, error) {
 			status = desc.GetWorkflowExecutionInfo().GetStatus().String()
 		}
 		reason := fmt.Sprintf("the workflow running it (%s) is %s; retry the noderole (POST /api/v1/noderoles/%d/retry)", id, status, nr.ID)
-		if _, err := a.Store.FinishNodeRoleRun(ctx, nr.ID, run, false, reason); err != nil {
+		if _, err := a.Crowbar.FinishNodeRoleRun(ctx, nr.ID, run, false, reason); err != nil {
 			return nil, err
 		}
 		a.Log.Warn("noderole in transition without a run", "noderole", nr.ID, "node", nr.NodeName, "role", nr.RoleName, "reason", reason)
@@ -106,7 +107,7 @@ func (a *Activities) RecoverTransitions(ctx context.Context) ([]int64, error) {
 // PrepareNodeRoleRun creates the task run of a noderole's run with the
 // attributes it sees (see models.PrepareNodeRoleRun).
 func (a *Activities) PrepareNodeRoleRun(ctx context.Context, in contract.NodeRoleRunInput) (*contract.NodeRoleRunPlan, error) {
-	return a.Store.PrepareNodeRoleRun(ctx, in.NodeRoleID, in.Run)
+	return a.Crowbar.PrepareNodeRoleRun(ctx, in.NodeRoleID, in.Run)
 }
 
 // FinishNodeRoleRun records the end of a noderole's run (its state, its
@@ -114,7 +115,7 @@ func (a *Activities) PrepareNodeRoleRun(ctx context.Context, in contract.NodeRol
 // children may have become todo. It returns the noderole's state only: the
 // history keeps summaries, Postgres the data.
 func (a *Activities) FinishNodeRoleRun(ctx context.Context, end contract.NodeRoleRunEnd) (string, error) {
-	nr, err := a.Store.FinishNodeRoleRun(ctx, end.NodeRoleID, end.Run, end.OK, end.Reason)
+	nr, err := a.Crowbar.FinishNodeRoleRun(ctx, end.NodeRoleID, end.Run, end.OK, end.Reason)
 	if err != nil {
 		return "", err
 	}
@@ -130,7 +131,7 @@ func (a *Activities) FinishNodeRoleRun(ctx context.Context, end contract.NodeRol
 // release makes impossible (a discovery role whose parent is nowhere) fails
 // for good, naming the role; a node whose creation was rolled back too.
 func (a *Activities) BootstrapNode(ctx context.Context, in contract.NodeBootstrapInput) (*contract.BootstrapResult, error) {
-	res, err := a.Store.BootstrapNode(ctx, in.NodeID)
+	res, err := a.Crowbar.BootstrapNode(ctx, in.NodeID)
 	var bad *models.InputError
 	var conflict *models.ConflictError
 	switch {

@@ -16,6 +16,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -56,9 +57,9 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in contract.RunTaskI
 	}()
 	var res protocol.RunResult
 	switch run.TaskType {
-	case models.TaskMoveToBootstrap:
+	case fuel.TaskMoveToBootstrap:
 		start := time.Now()
-		err := a.Store.MoveToBootstrap(ctx, node.ID)
+		err := a.Fuel.MoveToBootstrap(ctx, node.ID)
 		res = protocol.RunResult{Attempt: run.Attempt, StartedAt: start, FinishedAt: time.Now(),
 			StdoutTail: fmt.Sprintf("%s returned to discovery (system deployment, no roles or tags)\n", node.Name)}
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/devenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/worker/server"
 )
 
@@ -190,7 +191,7 @@ func runAnneal(ctx context.Context, api *apiClient) (time.Duration, int, error) 
 		return 0, 0, err
 	}
 	for {
-		var tx models.TransactionStatus
+		var tx fuel.TransactionStatus
 		if _, err := api.call(ctx, http.MethodGet, "/api/v1/transactions/"+started.TaskUUID, "", nil, &tx); err != nil {
 			return 0, 0, err
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/devenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/worker/server"
 )
@@ -273,14 +274,14 @@ func assignNodes(ctx context.Context, api *apiClient, names []string, agents []*
 // app-server on the others. Committing it wakes the annealer, which runs
 // them in dependency order (after each node's node-base).
 func bindSampleRoles(ctx context.Context, api *apiClient, names []string) error {
-	var bound []models.NodeRole
+	var bound []crowbar.NodeRole
 	if _, err := api.call(ctx, http.MethodGet, "/api/v1/noderoles?deployment="+devDeployment, "", nil, &bound); err != nil {
 		return fmt.Errorf("list the sample noderoles: %w", err)
 	}
 	if len(bound) > 0 {
 		return nil // a second `up`: the deployment keeps what it has
 	}
-	var snap models.Snapshot
+	var snap crowbar.Snapshot
 	if _, err := api.call(ctx, http.MethodPost, "/api/v1/deployments/"+devDeployment+"/snapshots/propose", "", nil, &snap); err != nil {
 		return fmt.Errorf("propose a snapshot of %s: %w", devDeployment, err)
 	}

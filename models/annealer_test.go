@@ -12,6 +12,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/attrs"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -37,9 +38,9 @@ func newAnnealed(t *testing.T) *crowbar {
 	return newCrowbarOf(t, annealYAML)
 }
 
-func (c *crowbar) reloadID(t *testing.T, id int64) *models.NodeRole {
+func (c *crowbar) reloadID(t *testing.T, id int64) *crowbar.NodeRole {
 	t.Helper()
-	return c.reload(t, &models.NodeRole{ID: id})
+	return c.reload(t, &crowbar.NodeRole{ID: id})
 }
 
 func (c *crowbar) annealedDeployment(t *testing.T, name string) {
@@ -261,7 +262,7 @@ func TestCommitRefusesANodeThatLeftTheChain(t *testing.T) {
 	assert.Contains(t, conflict.Reason, "n1.anneal.test")
 	cur, err := c.store.Snapshot(c.ctx, snap.ID)
 	require.NoError(t, err)
-	assert.Equal(t, models.SnapshotProposed, cur.State, "nothing committed")
+	assert.Equal(t, crowbar.SnapshotProposed, cur.State, "nothing committed")
 }
 
 func TestCommitCarriesOverResultsOfUneditedCopies(t *testing.T) {
@@ -303,7 +304,7 @@ func TestCommitCarriesOverResultsOfUneditedCopies(t *testing.T) {
 	assert.Equal(t, contract.NodeRoleTodo, c.committedByKey(t, "prod")["db@n1"].State, "an edited binding runs again")
 }
 
-func mustSnapshot(t *testing.T, c *crowbar, id int64) *models.Snapshot {
+func mustSnapshot(t *testing.T, c *crowbar, id int64) *crowbar.Snapshot {
 	t.Helper()
 	snap, err := c.store.Snapshot(c.ctx, id)
 	require.NoError(t, err)

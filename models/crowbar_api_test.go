@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -26,7 +27,7 @@ func requireInvalid(t *testing.T, err error, field string) *models.InputError {
 }
 
 // noderoleKeys names each noderole "role@node" (short node names), in order.
-func noderoleKeys(nrs []models.NodeRole) []string {
+func noderoleKeys(nrs []crowbar.NodeRole) []string {
 	out := make([]string, len(nrs))
 	for i, nr := range nrs {
 		out[i] = nr.RoleName + "@" + strings.TrimSuffix(nr.NodeName, ".anneal.test")
@@ -97,7 +98,7 @@ func TestCrowbarAPINodeRoleFilters(t *testing.T) {
 	// A proposed copy of prod: not in the default list.
 	proposed := c.propose(t, "prod")
 
-	list := func(f models.NodeRoleFilter) []models.NodeRole {
+	list := func(f crowbar.NodeRoleFilter) []crowbar.NodeRole {
 		t.Helper()
 		nrs, err := c.store.NodeRoles(c.ctx, f)
 		require.NoError(t, err, "%+v", f)
@@ -106,7 +107,7 @@ func TestCrowbarAPINodeRoleFilters(t *testing.T) {
 	}
 
 	// No filter: the committed snapshots of every deployment, by id.
-	all := list(models.NodeRoleFilter{})
+	all := list(crowbar.NodeRoleFilter{})
 	assert.Equal(t, []string{"base@n1", "db@n1", "api@n2", "cache@n2", "cache@s1"}, noderoleKeys(all))
 	for i := 1; i < len(all); i++ {
 		assert.Less(t, all[i-1].ID, all[i].ID)
@@ -117,48 +118,48 @@ func TestCrowbarAPINodeRoleFilters(t *testing.T) {
 	assert.Equal(t, []int64{}, all[3].Parents)
 	assert.Nil(t, all[0].LastRun, "lists do not carry runs")
 
-	byDep := list(models.NodeRoleFilter{Deployment: "prod"})
+	byDep := list(crowbar.NodeRoleFilter{Deployment: "prod"})
 	assert.Equal(t, []string{"base@n1", "db@n1", "api@n2", "cache@n2"}, noderoleKeys(byDep))
 	assert.Equal(t, snap.ID, byDep[0].SnapshotID)
-	assert.Equal(t, byDep, list(models.NodeRoleFilter{Deployment: strconv.FormatInt(prod.ID, 10)}))
+	assert.Equal(t, byDep, list(crowbar.NodeRoleFilter{Deployment: strconv.FormatInt(prod.ID, 10)}))
 
 	// snapshot=: that snapshot, whatever its state.
-	copies := list(models.NodeRoleFilter{Deployment: "prod", Snapshot: proposed.ID})
+	copies := list(crowbar.NodeRoleFilter{Deployment: "prod", Snapshot: proposed.ID})
 	assert.Equal(t, []string{"base@n1", "db@n1", "api@n2", "cache@n2"}, noderoleKeys(copies))
 	assert.Equal(t, proposed.ID, copies[0].SnapshotID)
-	assert.Empty(t, list(models.NodeRoleFilter{Snapshot: first.ID}), "the archived first snapshot was empty")
-	assert.Len(t, list(models.NodeRoleFilter{Snapshot: stSnap.ID}), 1)
+	assert.Empty(t, list(crowbar.NodeRoleFilter{Snapshot: first.ID}), "the archived first snapshot was empty")
+	assert.Len(t, list(crowbar.NodeRoleFilter{Snapshot: stSnap.ID}), 1)
 
-	assert.Equal(t, []string{"api@n2", "cache@n2"}, noderoleKeys(list(models.NodeRoleFilter{Node: "n2.anneal.test"})))
-	assert.Equal(t, []string{"base@n1", "db@n1"}, noderoleKeys(list(models.NodeRoleFilter{Node: strconv.FormatInt(n1.ID, 10)})))
-	assert.Equal(t, []string{"cache@n2", "cache@s1"}, noderoleKeys(list(models.NodeRoleFilter{Role: "cache"})))
-	assert.Equal(t, []string{"cache@s1"}, noderoleKeys(list(models.NodeRoleFilter{Role: "cache", Deployment: "staging"})))
-	assert.Equal(t, []string{"base@n1", "cache@n2", "cache@s1"}, noderoleKeys(list(models.NodeRoleFilter{State: contract.NodeRoleTodo})))
-	assert.Equal(t, []string{"db@n1", "api@n2"}, noderoleKeys(list(models.NodeRoleFilter{State: contract.NodeRoleBlocked})))
-	assert.Equal(t, []string{"db@n1"}, noderoleKeys(list(models.NodeRoleFilter{Deployment: "prod", Node: "n1.anneal.test", State: contract.NodeRoleBlocked})))
-	assert.Empty(t, list(models.NodeRoleFilter{State: contract.NodeRoleActive}))
-	assert.Empty(t, list(models.NodeRoleFilter{Role: "odd"}), "a role nobody bound")
+	assert.Equal(t, []string{"api@n2", "cache@n2"}, noderoleKeys(list(crowbar.NodeRoleFilter{Node: "n2.anneal.test"})))
+	assert.Equal(t, []string{"base@n1", "db@n1"}, noderoleKeys(list(crowbar.NodeRoleFilter{Node: strconv.FormatInt(n1.ID, 10)})))
+	assert.Equal(t, []string{"cache@n2", "cache@s1"}, noderoleKeys(list(crowbar.NodeRoleFilter{Role: "cache"})))
+	assert.Equal(t, []string{"cache@s1"}, noderoleKeys(list(crowbar.NodeRoleFilter{Role: "cache", Deployment: "staging"})))
+	assert.Equal(t, []string{"base@n1", "cache@n2", "cache@s1"}, noderoleKeys(list(crowbar.NodeRoleFilter{State: contract.NodeRoleTodo})))
+	assert.Equal(t, []string{"db@n1", "api@n2"}, noderoleKeys(list(crowbar.NodeRoleFilter{State: contract.NodeRoleBlocked})))
+	assert.Equal(t, []string{"db@n1"}, noderoleKeys(list(crowbar.NodeRoleFilter{Deployment: "prod", Node: "n1.anneal.test", State: contract.NodeRoleBlocked})))
+	assert.Empty(t, list(crowbar.NodeRoleFilter{State: contract.NodeRoleActive}))
+	assert.Empty(t, list(crowbar.NodeRoleFilter{Role: "odd"}), "a role nobody bound")
 
 	// A deployment never committed has no noderoles, and reading does not
 	// create its first snapshot.
-	assert.Empty(t, list(models.NodeRoleFilter{Deployment: "empty"}))
+	assert.Empty(t, list(crowbar.NodeRoleFilter{Deployment: "empty"}))
 	var snaps int64
-	require.NoError(t, c.store.DB.Model(&models.Snapshot{}).Where("deployment_id = (SELECT id FROM deployments WHERE name = 'empty')").Count(&snaps).Error)
+	require.NoError(t, c.store.DB.Model(&crowbar.Snapshot{}).Where("deployment_id = (SELECT id FROM deployments WHERE name = 'empty')").Count(&snaps).Error)
 	assert.Zero(t, snaps)
 
 	// Bad filters: 422 naming the filter.
-	_, err = c.store.NodeRoles(c.ctx, models.NodeRoleFilter{State: "running"})
+	_, err = c.store.NodeRoles(c.ctx, crowbar.NodeRoleFilter{State: "running"})
 	ie := requireInvalid(t, err, "state")
 	assert.Contains(t, ie.Reason, "proposed, todo, blocked, transition, active, error")
-	_, err = c.store.NodeRoles(c.ctx, models.NodeRoleFilter{Deployment: "ghost"})
+	_, err = c.store.NodeRoles(c.ctx, crowbar.NodeRoleFilter{Deployment: "ghost"})
 	requireInvalid(t, err, "deployment")
-	_, err = c.store.NodeRoles(c.ctx, models.NodeRoleFilter{Node: "ghost.anneal.test"})
+	_, err = c.store.NodeRoles(c.ctx, crowbar.NodeRoleFilter{Node: "ghost.anneal.test"})
 	requireInvalid(t, err, "node")
-	_, err = c.store.NodeRoles(c.ctx, models.NodeRoleFilter{Role: "nosuch"})
+	_, err = c.store.NodeRoles(c.ctx, crowbar.NodeRoleFilter{Role: "nosuch"})
 	requireInvalid(t, err, "role")
-	_, err = c.store.NodeRoles(c.ctx, models.NodeRoleFilter{Snapshot: 1 << 40})
+	_, err = c.store.NodeRoles(c.ctx, crowbar.NodeRoleFilter{Snapshot: 1 << 40})
 	requireInvalid(t, err, "snapshot")
-	_, err = c.store.NodeRoles(c.ctx, models.NodeRoleFilter{Deployment: "prod", Snapshot: stSnap.ID})
+	_, err = c.store.NodeRoles(c.ctx, crowbar.NodeRoleFilter{Deployment: "prod", Snapshot: stSnap.ID})
 	ie = requireInvalid(t, err, "snapshot")
 	assert.Contains(t, ie.Reason, `"prod"`)
 }

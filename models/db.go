@@ -139,7 +139,7 @@ func UniqueViolation(err error, reason string) error {
 
 // byRef narrows a query to the row a reference names: an id when it is all
 // digits, else a name.
-func byRef(q *gorm.DB, ref string) *gorm.DB {
+func ByRef(q *gorm.DB, ref string) *gorm.DB {
 	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
 		return q.Where("id = ?", id)
 	}
@@ -148,19 +148,19 @@ func byRef(q *gorm.DB, ref string) *gorm.DB {
 
 // byVersionedRef narrows a query to an id, a name@version, or a name (the
 // newest of that name).
-func byVersionedRef(q *gorm.DB, ref string) *gorm.DB {
+func ByVersionedRef(q *gorm.DB, ref string) *gorm.DB {
 	if _, err := strconv.ParseInt(ref, 10, 64); err != nil {
 		if name, version, ok := strings.Cut(ref, "@"); ok {
 			return q.Where("name = ? AND version = ?", name, version)
 		}
 		return q.Where("name = ?", ref).Order("id DESC")
 	}
-	return byRef(q, ref)
+	return ByRef(q, ref)
 }
 
 // takeRef loads the one row of a narrowed query, or ErrNotFound naming what
 // was looked for.
-func takeRef[T any](q *gorm.DB, what, ref string) (*T, error) {
+func TakeRef[T any](q *gorm.DB, what, ref string) (*T, error) {
 	var row T
 	err := q.Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/audrey"
 )
 
 const pairYAML = `

@@ -11,7 +11,7 @@ import (
 
 // findDeployment looks a deployment up by id (all digits) or by name.
 func FindDeployment(tx *gorm.DB, ref string) (*Deployment, error) {
-	return takeRef[Deployment](byRef(tx, ref), "deployment", ref)
+	return TakeRef[Deployment](ByRef(tx, ref), "deployment", ref)
 }
 
 // Deployment finds a deployment by id or name.
@@ -58,7 +58,7 @@ func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Depl
 		}
 		dep = &Deployment{Name: in.Name, ParentID: &parent.ID}
 		if in.Release != "" {
-			rel, err := findRelease(tx, in.Release)
+			rel, err := FindRelease(tx, in.Release)
 			if errors.Is(err, ErrNotFound) {
 				return Invalid("release", "no release %q", in.Release)
 			}

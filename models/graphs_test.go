@@ -13,15 +13,15 @@ import (
 func strp(s string) *string { return &s }
 
 // pluginOwner addresses a plugin's graphs.
-func pluginOwner(p *models.Plugin) models.GraphOwner {
-	return models.GraphOwner{Kind: models.OwnerPlugin, Ref: p.Name + "@" + p.Version}
+func pluginOwner(p *fuel.Plugin) fuel.GraphOwner {
+	return fuel.GraphOwner{Kind: fuel.OwnerPlugin, Ref: p.Name + "@" + p.Version}
 }
 
 func TestGraphMergeThreeLevels(t *testing.T) {
 	f := newFixture(t)
 	s, ctx := f.store, f.ctx
-	newPlugin := func(name string) *models.Plugin {
-		p, err := s.CreatePlugin(ctx, models.PluginInput{Name: name, Version: "1.0", Title: name + " plugin"})
+	newPlugin := func(name string) *fuel.Plugin {
+		p, err := s.CreatePlugin(ctx, fuel.PluginInput{Name: name, Version: "1.0", Title: name + " plugin"})
 		require.NoError(t, err)
 		return p
 	}
@@ -30,7 +30,7 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 	// alpha overrides the release's db and adds a monitor selected by the
 	// legacy role field (Fuel plugins without tags); it also brings a graph
 	// type of its own.
-	_, err := s.CreateGraph(ctx, pluginOwner(alpha), "deployment", models.GraphInput{
+	_, err := s.CreateGraph(ctx, pluginOwner(alpha), "deployment", fuel.GraphInput{
 		Name:     strp("alpha"),
 		Metadata: map[string]any{"owner": "alpha", "alpha": true},
 		Tasks: []plan.Task{
@@ -39,12 +39,12 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	_, err = s.CreateGraph(ctx, pluginOwner(alpha), "alpha-check", models.GraphInput{
+	_, err = s.CreateGraph(ctx, pluginOwner(alpha), "alpha-check", fuel.GraphInput{
 		Tasks: []plan.Task{{ID: "check", Role: plan.StringList{"*"}}},
 	})
 	require.NoError(t, err)
 	// beta would replace setup and add a task, but ends up disabled.
-	_, err = s.CreateGraph(ctx, pluginOwner(beta), "deployment", models.GraphInput{
+	_, err = s.CreateGraph(ctx, pluginOwner(beta), "deployment", fuel.GraphInput{
 		Metadata: map[string]any{"owner": "beta", "beta": true},
 		Tasks: []plan.Task{
 			{ID: "setup", Tags: []string{"controller", "compute"}, Parameters: plan.Parameters{Cmd: "echo beta-setup"}},
@@ -52,10 +52,10 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	_, err = s.CreateGraph(ctx, pluginOwner(beta), "beta-only", models.GraphInput{Tasks: []plan.Task{{ID: "b"}}})
+	_, err = s.CreateGraph(ctx, pluginOwner(beta), "beta-only", fuel.GraphInput{Tasks: []plan.Task{{ID: "b"}}})
 	require.NoError(t, err)
 	// gamma, a later plugin, replaces alpha's monitor.
-	_, err = s.CreateGraph(ctx, pluginOwner(gamma), "deployment", models.GraphInput{
+	_, err = s.CreateGraph(ctx, pluginOwner(gamma), "deployment", fuel.GraphInput{
 		Metadata: map[string]any{"owner": "gamma"},
 		Tasks: []plan.Task{
 			{ID: "monitor", Role: plan.StringList{"controller"}, Parameters: plan.Parameters{Cmd: "echo gamma-monitor"}},
@@ -63,7 +63,7 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 	})
 	require.NoError(t, err)
 	// The deployment replaces db once more.
-	_, err = s.CreateGraph(ctx, models.GraphOwner{Kind: models.OwnerDeployment, Ref: "prod"}, "deployment", models.GraphInput{
+	_, err = s.CreateGraph(ctx, fuel.GraphOwner{Kind: fuel.OwnerDeployment, Ref: "prod"}, "deployment", fuel.GraphInput{
 		Metadata: map[string]any{"owner": "deployment"},
 		Tasks: []plan.Task{
 			{ID: "db", Tags: []string{"db"}, Requires: []string{"setup"}, Parameters: plan.Parameters{Cmd: "echo deployment-db"}},
@@ -135,7 +135,7 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 	assert.Equal(t, []string{"db", "monitor"}, taskIDs(own.Tasks))
 	list, err := s.OwnGraphs(ctx, pluginOwner(alpha))
 	require.NoError(t, err)
-	assert.Equal(t, []models.GraphSummary{
+	assert.Equal(t, []fuel.GraphSummary{
 		{Type: "alpha-check", Name: "", TaskCount: 1},
 		{Type: "deployment", Name: "alpha", TaskCount: 2},
 	}, list)
@@ -144,48 +144,48 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 func TestGraphWrites(t *testing.T) {
 	f := newFixture(t)
 	s, ctx := f.store, f.ctx
-	rel := models.GraphOwner{Kind: models.OwnerRelease, Ref: "openstack@1.0"}
-	dep := models.GraphOwner{Kind: models.OwnerDeployment, Ref: "prod"}
-	graphs := func() int64 { return count(t, s, &models.Graph{}) }
+	rel := fuel.GraphOwner{Kind: fuel.OwnerRelease, Ref: "openstack@1.0"}
+	dep := fuel.GraphOwner{Kind: fuel.OwnerDeployment, Ref: "prod"}
+	graphs := func() int64 { return count(t, s, &fuel.Graph{}) }
 	start := graphs()
 
 	// Bad input, before anything is written.
-	_, err := s.CreateGraph(ctx, dep, "Bad Type", models.GraphInput{})
+	_, err := s.CreateGraph(ctx, dep, "Bad Type", fuel.GraphInput{})
 	requireInput(t, err, "type")
-	_, err = s.CreateGraph(ctx, dep, "custom", models.GraphInput{Type: "other"})
+	_, err = s.CreateGraph(ctx, dep, "custom", fuel.GraphInput{Type: "other"})
 	requireInput(t, err, "type")
-	_, err = s.CreateGraph(ctx, dep, "custom", models.GraphInput{Tasks: []plan.Task{{ID: "a"}, {ID: "a"}}})
+	_, err = s.CreateGraph(ctx, dep, "custom", fuel.GraphInput{Tasks: []plan.Task{{ID: "a"}, {ID: "a"}}})
 	ie := requireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, "duplicate task id")
-	_, err = s.CreateGraph(ctx, dep, "custom", models.GraphInput{Tasks: []plan.Task{{ID: "a", Tags: []string{"/[/"}}}})
+	_, err = s.CreateGraph(ctx, dep, "custom", fuel.GraphInput{Tasks: []plan.Task{{ID: "a", Tags: []string{"/[/"}}}})
 	requireInput(t, err, "tasks")
 	// A release is the base level: it may name only its own tasks.
-	_, err = s.CreateGraph(ctx, rel, "custom", models.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"elsewhere"}}}})
+	_, err = s.CreateGraph(ctx, rel, "custom", fuel.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"elsewhere"}}}})
 	ie = requireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, `unknown task "elsewhere"`)
 	// A deployment may name the release's tasks, but not unknown ones.
-	_, err = s.CreateGraph(ctx, dep, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"nowhere"}}}})
+	_, err = s.CreateGraph(ctx, dep, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"nowhere"}}}})
 	ie = requireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, `merged into graph "deployment" of deployment "prod"`)
 	assert.Equal(t, "prod", ie.Details["deployment"])
-	_, err = s.CreateGraph(ctx, models.GraphOwner{Kind: models.OwnerDeployment, Ref: "nope"}, "custom", models.GraphInput{})
+	_, err = s.CreateGraph(ctx, fuel.GraphOwner{Kind: fuel.OwnerDeployment, Ref: "nope"}, "custom", fuel.GraphInput{})
 	assert.ErrorIs(t, err, models.ErrNotFound)
-	_, err = s.PatchGraph(ctx, dep, "deployment", models.GraphInput{Name: strp("x")})
+	_, err = s.PatchGraph(ctx, dep, "deployment", fuel.GraphInput{Name: strp("x")})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 	assert.ErrorIs(t, s.DeleteGraph(ctx, dep, "deployment"), models.ErrNotFound)
 	assert.Equal(t, start, graphs(), "nothing written")
 
 	// Create, conflict, patch, replace, delete.
-	g, err := s.CreateGraph(ctx, dep, "deployment", models.GraphInput{
+	g, err := s.CreateGraph(ctx, dep, "deployment", fuel.GraphInput{
 		Name: strp("local"), Metadata: map[string]any{"a": 1.0},
 		Tasks: []plan.Task{{ID: "smoke", Tags: []string{"api"}, Requires: []string{"db"}}},
 	})
 	require.NoError(t, err)
 	assert.Equal(t, "local", g.Name)
-	_, err = s.CreateGraph(ctx, dep, "deployment", models.GraphInput{})
+	_, err = s.CreateGraph(ctx, dep, "deployment", fuel.GraphInput{})
 	requireConflict(t, err)
 
-	g, err = s.PatchGraph(ctx, dep, "deployment", models.GraphInput{
+	g, err = s.PatchGraph(ctx, dep, "deployment", fuel.GraphInput{
 		Metadata: map[string]any{"b": "two"},
 		Tasks: []plan.Task{
 			{ID: "smoke", Tags: []string{"api"}, Requires: []string{"db"}, Parameters: plan.Parameters{Cmd: "echo smoke"}},
@@ -197,24 +197,24 @@ func TestGraphWrites(t *testing.T) {
 	assert.Equal(t, map[string]any{"a": 1.0, "b": "two"}, g.Metadata)
 	assert.Equal(t, []string{"smoke", "extra"}, taskIDs(g.Tasks))
 	assert.Equal(t, "echo smoke", g.Tasks[0].Parameters.Cmd)
-	_, err = s.PatchGraph(ctx, dep, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "extra", Requires: []string{"nowhere"}}}})
+	_, err = s.PatchGraph(ctx, dep, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "extra", Requires: []string{"nowhere"}}}})
 	requireInput(t, err, "tasks")
 	stored, err := s.OwnGraph(ctx, dep, "deployment")
 	require.NoError(t, err)
 	assert.Equal(t, g.Tasks, stored.Tasks, "a refused patch writes nothing")
 
 	// The release cannot drop a task the deployment's graph needs.
-	_, _, err = s.ReplaceGraph(ctx, rel, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "setup"}}})
+	_, _, err = s.ReplaceGraph(ctx, rel, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "setup"}}})
 	ie = requireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, `unknown task "db"`)
 	requireConflict(t, s.DeleteGraph(ctx, rel, "deployment"))
 
-	g, created, err := s.ReplaceGraph(ctx, dep, "deployment", models.GraphInput{Tasks: []plan.Task{{ID: "only"}}})
+	g, created, err := s.ReplaceGraph(ctx, dep, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "only"}}})
 	require.NoError(t, err)
 	assert.False(t, created)
 	assert.Equal(t, "", g.Name, "PUT replaces the whole graph")
 	assert.Empty(t, g.Metadata)
-	_, created, err = s.ReplaceGraph(ctx, dep, "custom", models.GraphInput{})
+	_, created, err = s.ReplaceGraph(ctx, dep, "custom", fuel.GraphInput{})
 	require.NoError(t, err)
 	assert.True(t, created)
 	require.NoError(t, s.DeleteGraph(ctx, dep, "custom"))
@@ -222,17 +222,17 @@ func TestGraphWrites(t *testing.T) {
 
 	// Plugins: validation, conflicts, and enabling a plugin whose graph
 	// does not fit the deployment.
-	_, err = s.CreatePlugin(ctx, models.PluginInput{Version: "1"})
+	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Version: "1"})
 	requireInput(t, err, "name")
-	_, err = s.CreatePlugin(ctx, models.PluginInput{Name: "42", Version: "1"})
+	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Name: "42", Version: "1"})
 	requireInput(t, err, "name")
-	_, err = s.CreatePlugin(ctx, models.PluginInput{Name: "lma"})
+	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Name: "lma"})
 	requireInput(t, err, "version")
-	p, err := s.CreatePlugin(ctx, models.PluginInput{Name: "lma", Version: "1"})
+	p, err := s.CreatePlugin(ctx, fuel.PluginInput{Name: "lma", Version: "1"})
 	require.NoError(t, err)
-	_, err = s.CreatePlugin(ctx, models.PluginInput{Name: "lma", Version: "1"})
+	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Name: "lma", Version: "1"})
 	requireConflict(t, err)
-	_, err = s.CreateGraph(ctx, pluginOwner(p), "deployment", models.GraphInput{
+	_, err = s.CreateGraph(ctx, pluginOwner(p), "deployment", fuel.GraphInput{
 		Tasks: []plan.Task{{ID: "collector", Requires: []string{"not-in-release"}}},
 	})
 	require.NoError(t, err, "a plugin's references are checked where it is enabled")

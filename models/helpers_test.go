@@ -114,32 +114,32 @@ func (f *fixture) addNode(t *testing.T, name string, roles ...string) *models.No
 }
 
 // execute creates a transaction on the fixture's deployment.
-func (f *fixture) execute(t *testing.T, in models.ExecuteInput) *models.Transaction {
+func (f *fixture) execute(t *testing.T, in fuel.ExecuteInput) *fuel.Transaction {
 	t.Helper()
 	if in.Deployment == "" {
 		in.Deployment = f.dep.Name
 	}
 	if in.Graphs == nil {
-		in.Graphs = []models.GraphRequest{{Type: "deployment"}}
+		in.Graphs = []fuel.GraphRequest{{Type: "deployment"}}
 	}
-	txn, err := f.store.CreateTransaction(f.ctx, in, func(*models.Transaction) error { return nil })
+	txn, err := f.store.CreateTransaction(f.ctx, in, func(*fuel.Transaction) error { return nil })
 	require.NoError(t, err)
 	return txn
 }
 
 // plan creates a deployment transaction and plans its graph.
-func (f *fixture) plan(t *testing.T) (*models.Transaction, *contract.GraphPlan) {
+func (f *fixture) plan(t *testing.T) (*fuel.Transaction, *contract.GraphPlan) {
 	t.Helper()
-	txn := f.execute(t, models.ExecuteInput{Force: true}) // independent of earlier runs (LCM)
+	txn := f.execute(t, fuel.ExecuteInput{Force: true}) // independent of earlier runs (LCM)
 	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
 	require.NoError(t, err)
 	return txn, gp
 }
 
 // runsByLabel loads a transaction's runs keyed by "task@node".
-func (f *fixture) runsByLabel(t *testing.T, txn *models.Transaction) map[string]models.TaskRun {
+func (f *fixture) runsByLabel(t *testing.T, txn *fuel.Transaction) map[string]models.TaskRun {
 	t.Helper()
-	runs, err := f.store.Runs(f.ctx, txn.ID, models.RunFilter{})
+	runs, err := f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{})
 	require.NoError(t, err)
 	out := map[string]models.TaskRun{}
 	for _, r := range runs {

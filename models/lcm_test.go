@@ -15,7 +15,7 @@ import (
 // a changed task, or one that never succeeded, runs.
 func TestSkipUnchangedTasks(t *testing.T) {
 	f := newFixture(t)
-	first := f.execute(t, models.ExecuteInput{})
+	first := f.execute(t, fuel.ExecuteInput{})
 	_, err := f.store.PlanGraph(f.ctx, first.ID, 0)
 	require.NoError(t, err)
 	runs := f.runsByLabel(t, first)
@@ -26,7 +26,7 @@ func TestSkipUnchangedTasks(t *testing.T) {
 		require.NoError(t, f.store.SucceedNoOp(f.ctx, r.ID))
 	}
 
-	second := f.execute(t, models.ExecuteInput{})
+	second := f.execute(t, fuel.ExecuteInput{})
 	_, err = f.store.PlanGraph(f.ctx, second.ID, 0)
 	require.NoError(t, err)
 	got := f.runsByLabel(t, second)
@@ -35,7 +35,7 @@ func TestSkipUnchangedTasks(t *testing.T) {
 	assert.Equal(t, contract.RunPending, got["nova@"+cmpName].State, "never succeeded: runs")
 	assert.Equal(t, runs["db@"+ctlName].InputsHash, got["db@"+ctlName].InputsHash)
 
-	forced := f.execute(t, models.ExecuteInput{Force: true})
+	forced := f.execute(t, fuel.ExecuteInput{Force: true})
 	_, err = f.store.PlanGraph(f.ctx, forced.ID, 0)
 	require.NoError(t, err)
 	for label, r := range f.runsByLabel(t, forced) {
@@ -49,7 +49,7 @@ func TestSkipUnchangedTasks(t *testing.T) {
 	spec.Graphs["deployment"] = db
 	_, err = f.store.ImportRelease(f.ctx, spec)
 	require.NoError(t, err)
-	changed := f.execute(t, models.ExecuteInput{})
+	changed := f.execute(t, fuel.ExecuteInput{})
 	_, err = f.store.PlanGraph(f.ctx, changed.ID, 0)
 	require.NoError(t, err)
 	got = f.runsByLabel(t, changed)
@@ -81,12 +81,12 @@ func TestRoleWithoutTasks(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// The release has no graphs at all: its roles make the deployment graph.
-	txn, err := store.CreateTransaction(ctx, models.ExecuteInput{Deployment: "cb", Graphs: []models.GraphRequest{{Type: "deployment"}}},
-		func(*models.Transaction) error { return nil })
+	txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: "cb", Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
+		func(*fuel.Transaction) error { return nil })
 	require.NoError(t, err)
 	_, err = store.PlanGraph(ctx, txn.ID, 0)
 	require.NoError(t, err)
-	runs, err := store.Runs(ctx, txn.ID, models.RunFilter{})
+	runs, err := store.Runs(ctx, txn.ID, fuel.RunFilter{})
 	require.NoError(t, err)
 	got := map[string]models.TaskRun{}
 	for _, r := range runs {

@@ -24,7 +24,7 @@ func TestSilentNodesAreNotAlive(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, node.Alive)
 
-	txn := f.execute(t, models.ExecuteInput{})
+	txn := f.execute(t, fuel.ExecuteInput{})
 	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
 	require.NoError(t, err)
 	for _, n := range gp.Nodes {

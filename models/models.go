@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/anneal-dev/anneal/models/plan"
 )
 
 // Token scopes: an admin token drives the whole API, an enroll token may only
@@ -108,71 +106,6 @@ type Node struct {
 	UpdatedAt      time.Time      `json:"updated_at"`
 }
 
-// Graph owners: graphs of one type merge release → plugin → deployment.
-const (
-	OwnerBuiltin    = "builtin" // shipped with anneal, below every release
-	OwnerRelease    = "release"
-	OwnerPlugin     = "plugin"
-	OwnerDeployment = "deployment"
-)
-
-// Graph is a typed set of tasks owned by a release, a plugin or a deployment.
-type Graph struct {
-	ID        int64          `json:"id"`
-	OwnerKind string         `json:"owner_kind"`
-	OwnerID   int64          `json:"owner_id"`
-	Type      string         `json:"type"`
-	Name      string         `json:"name"`
-	Metadata  map[string]any `json:"metadata" gorm:"serializer:json"`
-	Tasks     []plan.Task    `json:"tasks" gorm:"serializer:json"`
-	CreatedAt time.Time      `json:"created_at"`
-	UpdatedAt time.Time      `json:"updated_at"`
-}
-
-// Transaction statuses.
-const (
-	TxPending = "pending"
-	TxRunning = "running"
-	TxReady   = "ready"
-	TxError   = "error"
-	TxStopped = "stopped"
-)
-
-// GraphRequest is one graph of a transaction: its type and optional filters.
-type GraphRequest struct {
-	Type  string   `json:"type"`
-	Nodes []int64  `json:"nodes,omitempty"`
-	Tasks []string `json:"tasks,omitempty"`
-	// MaxNodesInFlight caps the nodes working on this graph at once
-	// (0: the transaction's, else contract.DefaultMaxNodesInFlight).
-	MaxNodesInFlight int `json:"max_nodes_in_flight,omitempty"`
-	// FailureThreshold is the percentage of the graph's nodes that may fail
-	// before the rest are stopped (nil: the transaction's, else
-	// DefaultFailureThreshold). Like Fuel's fault tolerance.
-	FailureThreshold *int `json:"failure_threshold,omitempty"`
-}
-
-// Safety valves of a transaction when nobody sets them.
-const (
-	DefaultFailureThreshold = 100 // never abort: a failure blocks only its descendants
-)
-
-// Transaction runs one or more graphs on a deployment, durably.
-type Transaction struct {
-	ID           uuid.UUID      `json:"uuid"`
-	DeploymentID int64          `json:"deployment_id"`
-	Graphs       []GraphRequest `json:"graphs" gorm:"serializer:json"`
-	DryRun       bool           `json:"dry_run"`
-	Force        bool           `json:"force"`
-	Status       string         `json:"status"`
-	Error        string         `json:"error"`
-	Warnings     []string       `json:"warnings" gorm:"serializer:json"`
-	WorkflowID   string         `json:"workflow_id"`
-	CreatedAt    time.Time      `json:"created_at"`
-	StartedAt    *time.Time     `json:"started_at"`
-	FinishedAt   *time.Time     `json:"finished_at"`
-}
-
 // RunSpec is what a run executes: the task's parameters as planned.
 type RunSpec struct {
 	// Jig is how the run reaches its node: JigAgent, JigOrchestrator or
@@ -224,3 +157,12 @@ type RunEdge struct {
 	ParentID int64
 	ChildID  int64
 }
+
+// Transaction statuses.
+const (
+	TxPending = "pending"
+	TxRunning = "running"
+	TxReady   = "ready"
+	TxError   = "error"
+	TxStopped = "stopped"
+)

@@ -27,7 +27,7 @@ func (e *NodeBusyError) Error() string { return fmt.Sprintf("node %s is busy: %s
 // exceptNodeRole ("" when nothing): a noderole in transition or a task run
 // under way, either within its timeout. The caller holds the node's row
 // lock, so that two dispatchers cannot both find the node free.
-func nodeRunning(tx *gorm.DB, nodeID, exceptRun, exceptNodeRole int64) (string, error) {
+func NodeRunning(tx *gorm.DB, nodeID, exceptRun, exceptNodeRole int64) (string, error) {
 	var reasons []string
 	err := tx.Raw(`
 SELECT format('noderole %s (%s) is in transition', nr.id, r.name)
@@ -53,7 +53,7 @@ LIMIT 1`, map[string]any{"node": nodeID, "run": exceptRun, "nr": exceptNodeRole,
 // transactionWants returns an unfinished transaction that still has runs
 // to do on the node ("" when none): the annealer leaves the node to it
 // until it ends (its end wakes the annealer), and the node is not deleted.
-func transactionWants(tx *gorm.DB, nodeID int64) (string, error) {
+func TransactionWants(tx *gorm.DB, nodeID int64) (string, error) {
 	var ids []string
 	err := tx.Raw(`SELECT t.transaction_id::text FROM task_runs t JOIN transactions x ON x.id = t.transaction_id
 		WHERE t.node_id = ? AND t.state IN ('pending', 'running') AND x.status IN ? LIMIT 1`,
@@ -66,3 +66,7 @@ func transactionWants(tx *gorm.DB, nodeID int64) (string, error) {
 	}
 	return ids[0], nil
 }
+
+// NodeRoleTimeoutSec bounds one run of a noderole on its node (and so how
+// long a noderole in transition may hold its node).
+const NodeRoleTimeoutSec = 600

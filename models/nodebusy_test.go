@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -22,7 +23,7 @@ func TestNodeRunsOneThingAtATime(t *testing.T) {
 
 	snap, err := f.store.ProposeSnapshot(f.ctx, f.dep.Name)
 	require.NoError(t, err)
-	ctl, _, err := f.store.BindRole(f.ctx, snap.ID, models.BindInput{Node: ctlName, Role: "controller"})
+	ctl, _, err := f.store.BindRole(f.ctx, snap.ID, crowbar.BindInput{Node: ctlName, Role: "controller"})
 	require.NoError(t, err)
 	_, err = f.store.CommitSnapshot(f.ctx, snap.ID)
 	require.NoError(t, err)

@@ -75,3 +75,9 @@ func RunNodeHooks(ctx context.Context, tx *gorm.DB, event string, node *Node) er
 	}
 	return nil
 }
+
+// Node events: every role's node hooks run at them.
+const (
+	OnNodeCreate = "on_node_create"
+	OnNodeDelete = "on_node_delete"
+)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 )
 
 // Node hooks are global and every node creation or deletion of every
@@ -89,12 +90,12 @@ func TestRunNodeHooksOrderAndEvents(t *testing.T) {
 	require.NoError(t, models.RunNodeHooks(context.Background(), nil, models.OnNodeDelete, node))
 	assert.Equal(t, []string{"a1:create", "b1:create", "b2:create", "a1:delete"}, nodeHooksOf(hookOrderNode))
 
-	err := models.RunNodeHooks(context.Background(), nil, models.OnProposed, node)
+	err := models.RunNodeHooks(context.Background(), nil, crowbar.OnProposed, node)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `"on_proposed" is not a node event`)
 	assert.Len(t, nodeHooksOf(hookOrderNode), 4, "nothing ran for a noderole event")
 
-	assert.Panics(t, func() { models.RegisterNodeHook("nodehook-x", models.OnActive, recordNodeHook("x")) },
+	assert.Panics(t, func() { models.RegisterNodeHook("nodehook-x", crowbar.OnActive, recordNodeHook("x")) },
 		"a noderole event is not a node event")
 	assert.Panics(t, func() { models.RegisterNodeHook("nodehook-x", "on_node_update", recordNodeHook("x")) })
 }
@@ -176,13 +177,13 @@ func TestDeleteNodeKeepsTransactionHistory(t *testing.T) {
 	assert.Zero(t, kept["setup@"+ctlName].NodeID, "only the link to the node is gone")
 	assert.Equal(t, "set up", kept["setup@"+ctlName].StdoutTail)
 	assert.Equal(t, f.cmp.ID, kept["setup@"+cmpName].NodeID, "another node's runs are untouched")
-	byName, err := f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: ctlName})
+	byName, err := f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{Node: ctlName})
 	require.NoError(t, err)
 	assert.Len(t, byName, 2, "runs are still found by the node's name")
 
 	// Planning again leaves the deleted node out and reads its history
 	// (LCM, a deployment's last successful runs) without tripping on it.
-	again := f.execute(t, models.ExecuteInput{})
+	again := f.execute(t, fuel.ExecuteInput{})
 	_, err = f.store.PlanGraph(f.ctx, again.ID, 0)
 	require.NoError(t, err)
 	for label, r := range f.runsByLabel(t, again) {
@@ -236,11 +237,11 @@ func TestDeleteNodeRefusesNodeRoleWork(t *testing.T) {
 
 	_, err = c.store.DeleteNode(c.ctx, n.Name)
 	require.NoError(t, err)
-	assert.Zero(t, count(t, c.store, &models.NodeRole{}, "node_id = ?", n.ID), "its noderoles went")
+	assert.Zero(t, count(t, c.store, &crowbar.NodeRole{}, "node_id = ?", n.ID), "its noderoles went")
 	assert.Zero(t, count(t, c.store, &models.TaskRun{}, "noderole_id = ?", nr.ID), "with their runs")
 	assert.Zero(t, count(t, c.store, &models.TaskRun{}, "node_id = ?", n.ID))
-	assert.Zero(t, count(t, c.store, &models.NodeRoleEdge{}, "child_id = ?", other.ID), "the edge to a child on another node went")
-	assert.EqualValues(t, 1, count(t, c.store, &models.NodeRole{}, "id = ?", other.ID), "the child itself stays")
+	assert.Zero(t, count(t, c.store, &crowbar.NodeRoleEdge{}, "child_id = ?", other.ID), "the edge to a child on another node went")
+	assert.EqualValues(t, 1, count(t, c.store, &crowbar.NodeRole{}, "id = ?", other.ID), "the child itself stays")
 	_, err = c.store.Node(c.ctx, keep.Name)
 	require.NoError(t, err)
 }

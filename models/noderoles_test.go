@@ -35,7 +35,7 @@ roles_metadata:
 var hookCalls sync.Map
 
 func init() {
-	models.RegisterRoleHook("hooked", models.OnProposed, func(_ context.Context, tx *gorm.DB, nr *models.NodeRole) error {
+	crowbar.RegisterRoleHook("hooked", crowbar.OnProposed, func(_ context.Context, tx *gorm.DB, nr *crowbar.NodeRole) error {
 		n, _ := hookCalls.LoadOrStore(nr.ID, new(int))
 		*n.(*int)++
 		return tx.Exec(`UPDATE noderoles SET system_data = '{"hooked": true}' WHERE id = ?`, nr.ID).Error
@@ -81,28 +81,28 @@ func (c *crowbar) node(t *testing.T, name, dep string) *models.Node {
 	return n
 }
 
-func (c *crowbar) propose(t *testing.T, dep string) *models.Snapshot {
+func (c *crowbar) propose(t *testing.T, dep string) *crowbar.Snapshot {
 	t.Helper()
 	snap, err := c.store.ProposeSnapshot(c.ctx, dep)
 	require.NoError(t, err)
-	require.Equal(t, models.SnapshotProposed, snap.State)
+	require.Equal(t, crowbar.SnapshotProposed, snap.State)
 	return snap
 }
 
-func (c *crowbar) commit(t *testing.T, snap *models.Snapshot) {
+func (c *crowbar) commit(t *testing.T, snap *crowbar.Snapshot) {
 	t.Helper()
 	_, err := c.store.CommitSnapshot(c.ctx, snap.ID)
 	require.NoError(t, err)
 }
 
-func (c *crowbar) bind(t *testing.T, snap *models.Snapshot, node, role string) *models.NodeRole {
+func (c *crowbar) bind(t *testing.T, snap *crowbar.Snapshot, node, role string) *crowbar.NodeRole {
 	t.Helper()
-	nr, _, err := c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: node + ".anneal.test", Role: role})
+	nr, _, err := c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: node + ".anneal.test", Role: role})
 	require.NoError(t, err)
 	return nr
 }
 
-func (c *crowbar) reload(t *testing.T, nr *models.NodeRole) *models.NodeRole {
+func (c *crowbar) reload(t *testing.T, nr *crowbar.NodeRole) *crowbar.NodeRole {
 	t.Helper()
 	out, err := c.store.NodeRole(c.ctx, nr.ID)
 	require.NoError(t, err)
@@ -110,13 +110,13 @@ func (c *crowbar) reload(t *testing.T, nr *models.NodeRole) *models.NodeRole {
 }
 
 // committedByKey maps the committed snapshot's noderoles by "role@node".
-func (c *crowbar) committedByKey(t *testing.T, dep string) map[string]models.NodeRole {
+func (c *crowbar) committedByKey(t *testing.T, dep string) map[string]crowbar.NodeRole {
 	t.Helper()
 	cur, err := c.store.EnsureSnapshot(c.ctx, dep)
 	require.NoError(t, err)
 	snap, err := c.store.Snapshot(c.ctx, cur.ID)
 	require.NoError(t, err)
-	out := map[string]models.NodeRole{}
+	out := map[string]crowbar.NodeRole{}
 	for _, nr := range snap.NodeRoles {
 		out[nr.RoleName+"@"+strings.TrimSuffix(nr.NodeName, ".anneal.test")] = nr
 	}
@@ -135,25 +135,25 @@ func TestBindRoleSteps(t *testing.T) {
 
 	// Implicit parent bound on the same node, first; user data seeded from
 	// the deployment role, seeded from the template.
-	db, created, err := c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "db"})
+	db, created, err := c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "db"})
 	require.NoError(t, err)
 	assert.True(t, created)
 	assert.Equal(t, contract.NodeRoleProposed, db.State)
 	assert.Equal(t, map[string]any{"port": float64(5432), "opts": map[string]any{"pool": float64(5)}}, db.UserData)
 	require.Len(t, db.Parents, 1)
-	base := c.reload(t, &models.NodeRole{ID: db.Parents[0]})
+	base := c.reload(t, &crowbar.NodeRole{ID: db.Parents[0]})
 	assert.Equal(t, "base", base.RoleName)
 	assert.Equal(t, "n1.anneal.test", base.NodeName)
 	assert.Equal(t, []int64{db.ID}, base.Children)
-	assert.EqualValues(t, 2, count(t, c.store, &models.DeploymentRole{}))
+	assert.EqualValues(t, 2, count(t, c.store, &crowbar.DeploymentRole{}))
 
 	// The existing binding is returned, nothing created.
-	again, created, err := c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "db"})
+	again, created, err := c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "db"})
 	require.NoError(t, err)
 	assert.False(t, created)
 	assert.Equal(t, db.ID, again.ID)
-	assert.EqualValues(t, 2, count(t, c.store, &models.NodeRole{}))
-	assert.EqualValues(t, 2, count(t, c.store, &models.DeploymentRole{}), "deployment roles are created once")
+	assert.EqualValues(t, 2, count(t, c.store, &crowbar.NodeRole{}))
+	assert.EqualValues(t, 2, count(t, c.store, &crowbar.DeploymentRole{}), "deployment roles are created once")
 
 	// A parent elsewhere in the snapshot: api on n2 hangs under db on n1.
 	api2 := c.bind(t, snap, "n2", "api")
@@ -171,21 +171,21 @@ func TestBindRoleSteps(t *testing.T) {
 	assert.NotEqual(t, db2.ID, api3.Parents[0], "the db on n3 itself")
 
 	// A missing non-implicit parent: 422 naming the role and the node.
-	_, _, err = c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "front"})
+	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "front"})
 	ie := requireInput(t, err, "role")
 	assert.Contains(t, ie.Reason, `"cache"`)
 	assert.Contains(t, ie.Reason, "n1.anneal.test")
 	assert.Equal(t, "cache", ie.Details["missing_role"])
 
 	// An inactive jig.
-	_, _, err = c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "odd"})
+	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "odd"})
 	ie = requireInput(t, err, "role")
 	assert.Contains(t, ie.Reason, `"puppet"`)
 
 	// A node of a sibling deployment, an unknown role.
-	_, _, err = c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "out.anneal.test", Role: "db"})
+	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "out.anneal.test", Role: "db"})
 	requireInput(t, err, "node")
-	_, _, err = c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "nope"})
+	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "nope"})
 	requireInput(t, err, "role")
 
 	// on_proposed ran once, for the new binding only, inside the transaction.
@@ -218,7 +218,7 @@ func TestBindRoleDeploymentScoping(t *testing.T) {
 	api := c.bind(t, snap, "c1", "api")
 	assert.Equal(t, []int64{pdb.ID}, api.Parents)
 	// The sibling's cache is not.
-	_, _, err := c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "c1.anneal.test", Role: "front"})
+	_, _, err := c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "c1.anneal.test", Role: "front"})
 	ie := requireInput(t, err, "role")
 	assert.Equal(t, "cache", ie.Details["missing_role"])
 
@@ -240,10 +240,10 @@ func TestSnapshotLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, hist, 1, "a deployment starts with an empty committed snapshot")
 	first := hist[0]
-	assert.Equal(t, models.SnapshotCommitted, first.State)
+	assert.Equal(t, crowbar.SnapshotCommitted, first.State)
 
 	// Edits of a committed snapshot are refused, saying to propose first.
-	_, _, err = c.store.BindRole(c.ctx, first.ID, models.BindInput{Node: "n1.anneal.test", Role: "db"})
+	_, _, err = c.store.BindRole(c.ctx, first.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "db"})
 	assert.Contains(t, requireConflict(t, err).Reason, "propose")
 
 	snap := c.propose(t, "prod")
@@ -257,13 +257,13 @@ func TestSnapshotLifecycle(t *testing.T) {
 	hist, err = c.store.Snapshots(c.ctx, "prod")
 	require.NoError(t, err)
 	require.Len(t, hist, 2)
-	assert.Equal(t, models.SnapshotArchived, hist[0].State)
+	assert.Equal(t, crowbar.SnapshotArchived, hist[0].State)
 	assert.NotNil(t, hist[0].ArchivedAt)
-	assert.Equal(t, models.SnapshotCommitted, hist[1].State)
+	assert.Equal(t, crowbar.SnapshotCommitted, hist[1].State)
 
 	_, err = c.store.UpdateNodeRole(c.ctx, db.ID, map[string]any{"port": 1})
 	assert.Contains(t, requireConflict(t, err).Reason, "propose")
-	_, _, err = c.store.BindRole(c.ctx, snap.ID, models.BindInput{Node: "n1.anneal.test", Role: "api"})
+	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "api"})
 	requireConflict(t, err)
 
 	// Proposing copies the committed snapshot: bindings, data, state, edges.
@@ -294,7 +294,7 @@ func TestSnapshotLifecycle(t *testing.T) {
 	}
 
 	// Edits of the proposed copy leave the committed one alone.
-	var dbCopy models.NodeRole
+	var dbCopy crowbar.NodeRole
 	for _, nr := range copied.NodeRoles {
 		if nr.RoleName == "db" {
 			dbCopy = nr
@@ -328,7 +328,7 @@ func TestNodeRoleStateMachine(t *testing.T) {
 
 	c.commit(t, snap)
 	nrs := c.committedByKey(t, "prod")
-	state := func(key string) string { return c.reload(t, &models.NodeRole{ID: nrs[key].ID}).State }
+	state := func(key string) string { return c.reload(t, &crowbar.NodeRole{ID: nrs[key].ID}).State }
 	assert.Equal(t, "todo", state("base@n1"), "no parents")
 	assert.Equal(t, "todo", state("cache@n2"))
 	assert.Equal(t, "blocked", state("db@n1"))

@@ -131,7 +131,12 @@ func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address str
 
 // Node finds a node by id or name.
 func (s *Store) Node(ctx context.Context, ref string) (*Node, error) {
-	return takeRef[Node](byRef(s.DB.WithContext(ctx), ref), "node", ref)
+	return FindNode(s.DB.WithContext(ctx), ref)
+}
+
+// FindNode finds a node by id or name within tx.
+func FindNode(tx *gorm.DB, ref string) (*Node, error) {
+	return TakeRef[Node](ByRef(tx, ref), "node", ref)
 }
 
 // Nodes lists nodes, optionally only those of one deployment.
@@ -165,11 +170,11 @@ type NodeUpdate struct {
 func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Node, error) {
 	var out *Node
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		node, oldDep, err := lockNode(tx, ref)
+		node, oldDep, err := LockNode(tx, ref)
 		if err != nil {
 			return err
 		}
-		oldRoles, err := releaseRoles(tx, oldDep)
+		oldRoles, err := ReleaseRoles(tx, oldDep)
 		if err != nil {
 			return err
 		}
@@ -182,7 +187,7 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 			if err != nil {
 				return err
 			}
-			if newRoles, err = releaseRoles(tx, dep); err != nil {
+			if newRoles, err = ReleaseRoles(tx, dep); err != nil {
 				return err
 			}
 			node.DeploymentID = dep.ID
@@ -221,7 +226,7 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 }
 
 // releaseRoles maps the roles of a deployment's release by name.
-func releaseRoles(tx *gorm.DB, dep *Deployment) (map[string]Role, error) {
+func ReleaseRoles(tx *gorm.DB, dep *Deployment) (map[string]Role, error) {
 	out := map[string]Role{}
 	if dep.ReleaseID == nil {
 		return out, nil
@@ -289,8 +294,8 @@ RETURNING name`, silence.Seconds()).Scan(&names).Error
 
 // lockNode loads a node (by id or name) locked for update, with its
 // deployment: the start of every change to a node's roles or tags.
-func lockNode(tx *gorm.DB, ref string) (*Node, *Deployment, error) {
-	node, err := takeRef[Node](byRef(tx.Clauses(clause.Locking{Strength: "UPDATE"}), ref), "node", ref)
+func LockNode(tx *gorm.DB, ref string) (*Node, *Deployment, error) {
+	node, err := TakeRef[Node](ByRef(tx.Clauses(clause.Locking{Strength: "UPDATE"}), ref), "node", ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -314,7 +319,7 @@ func (s *Store) DeleteNode(ctx context.Context, ref string) (*Node, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// The lock keeps new work off the node until it is gone: planning
 		// a run or starting a noderole needs the node's row.
-		node, _, err := lockNode(tx, ref)
+		node, _, err := LockNode(tx, ref)
 		if err != nil {
 			return err
 		}
@@ -339,7 +344,7 @@ func (s *Store) DeleteNode(ctx context.Context, ref string) (*Node, error) {
 // nodeBusy returns a ConflictError saying what to wait for or stop when
 // the node has work under way, nil when it may be deleted.
 func nodeBusy(tx *gorm.DB, node *Node) error {
-	running, err := nodeRunning(tx, node.ID, 0, 0)
+	running, err := NodeRunning(tx, node.ID, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -348,7 +353,7 @@ func nodeBusy(tx *gorm.DB, node *Node) error {
 	}
 	// Runs still to come: the transaction's node workflow would look for
 	// the node, and its other nodes may wait on these runs.
-	txID, err := transactionWants(tx, node.ID)
+	txID, err := TransactionWants(tx, node.ID)
 	if err != nil {
 		return err
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -44,13 +46,13 @@ type GraphSpec struct {
 	Tasks    []plan.Task    `json:"tasks" yaml:"tasks"`
 }
 
-func findRelease(tx *gorm.DB, ref string) (*Release, error) {
-	return takeRef[Release](byVersionedRef(tx, ref), "release", ref)
+func FindRelease(tx *gorm.DB, ref string) (*Release, error) {
+	return TakeRef[Release](ByVersionedRef(tx, ref), "release", ref)
 }
 
 // Release finds a release by id, name@version or name (newest).
 func (s *Store) Release(ctx context.Context, ref string) (*Release, error) {
-	rel, err := findRelease(s.DB.WithContext(ctx), ref)
+	rel, err := FindRelease(s.DB.WithContext(ctx), ref)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +93,7 @@ func (s *Store) ImportReleaseWithWarnings(ctx context.Context, spec ReleaseSpec)
 	if spec.Name == "" {
 		return nil, Invalid("name", "is required")
 	}
-	roleNames := sortedKeys(spec.RolesMetadata)
+	roleNames := slices.Sorted(maps.Keys(spec.RolesMetadata))
 	requires := make(map[string][]string, len(roleNames))
 	for _, name := range roleNames {
 		for i, req := range spec.RolesMetadata[name].Requires {
@@ -110,14 +112,11 @@ func (s *Store) ImportReleaseWithWarnings(ctx context.Context, spec ReleaseSpec)
 		return nil, &InputError{Field: "roles_metadata", Reason: "role requirements form a cycle: " + strings.Join(cycle, " -> "),
 			Details: map[string]any{"cycle": cycle}}
 	}
-	graphTypes := make([]string, 0, len(spec.Graphs))
-	for typ, g := range spec.Graphs {
-		if err := plan.Validate(g.Tasks); err != nil {
-			return nil, Invalid(fmt.Sprintf("graphs.%s.tasks", typ), "%v", err)
+	for _, sec := range releaseSections() {
+		if err := sec.Validate(spec); err != nil {
+			return nil, err
 		}
-		graphTypes = append(graphTypes, typ)
 	}
-	sort.Strings(graphTypes)
 	ref := spec.Name + "@" + spec.Version
 	var rel Release
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -151,24 +150,17 @@ func (s *Store) ImportReleaseWithWarnings(ctx context.Context, spec ReleaseSpec)
 		if err := upsertRoles(tx, &rel, spec, roleNames); err != nil {
 			return fmt.Errorf("import release %s: %w", ref, err)
 		}
-		if err := tx.Where("owner_kind = ? AND owner_id = ?", OwnerRelease, rel.ID).Delete(&Graph{}).Error; err != nil {
-			return fmt.Errorf("import release %s: replace graphs: %w", ref, err)
-		}
-		for _, typ := range graphTypes {
-			g := spec.Graphs[typ]
-			graph := Graph{OwnerKind: OwnerRelease, OwnerID: rel.ID, Type: typ, Name: g.Name, Metadata: g.Metadata, Tasks: g.Tasks}
-			if err := saveGraph(tx, &graph); err != nil {
-				return err
+		for _, sec := range releaseSections() {
+			if err := sec.Save(tx, &rel, spec); err != nil {
+				return fmt.Errorf("import release %s: %s: %w", ref, sec.Name, err)
 			}
 		}
-		// Tags (models/tags.go): the release's declared tags, replaced;
-		// user-created ones kept.
-		return syncReleaseTags(tx, &rel, spec)
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &ImportedRelease{Release: &rel, Warnings: nonNil(RedundantRequirements(requires))}, nil
+	return &ImportedRelease{Release: &rel, Warnings: NonNil(RedundantRequirements(requires))}, nil
 }
 
 // checkRemovedRoles refuses, with a ConflictError, a re-import of rel that
@@ -232,7 +224,7 @@ func upsertRoles(tx *gorm.DB, rel *Release, spec ReleaseSpec, roleNames []string
 		r := spec.RolesMetadata[name]
 		role := Role{
 			ReleaseID: rel.ID, Name: name, Title: r.Name, Jig: r.Jig,
-			Requires: nonNil(r.Requires), Tags: nonNil(r.Tags), Flags: nonNil(r.Flags), Template: r.Template,
+			Requires: NonNil(r.Requires), Tags: NonNil(r.Tags), Flags: NonNil(r.Flags), Template: r.Template,
 			Script: r.Script, CreatedAt: stamp, UpdatedAt: stamp,
 		}
 		if role.Jig == "" {
@@ -269,7 +261,7 @@ func upsertRoles(tx *gorm.DB, rel *Release, spec ReleaseSpec, roleNames []string
 	return nil
 }
 
-func nonNil(list []string) []string {
+func NonNil(list []string) []string {
 	if list == nil {
 		return []string{}
 	}
@@ -332,7 +324,7 @@ func roleCycle(roles map[string]RoleSpec, names []string) []string {
 //	role "A" requires "C", which it already requires through "B"
 func RedundantRequirements(requires map[string][]string) []string {
 	var out []string
-	for _, name := range sortedKeys(requires) {
+	for _, name := range slices.Sorted(maps.Keys(requires)) {
 		direct := uniqueSorted(requires[name])
 		for _, target := range direct {
 			path := indirectPath(requires, name, direct, target)
@@ -393,4 +385,38 @@ func uniqueSorted(list []string) []string {
 	out := slices.Clone(list)
 	sort.Strings(out)
 	return slices.Compact(out)
+}
+
+// ReleaseSection is a seed's part of a release (Fuel's graphs and tags):
+// it is validated before anything is written, and saved inside the
+// import's database transaction after the release row and its roles.
+type ReleaseSection struct {
+	// Name says what the section is, in errors.
+	Name string
+	// Validate refuses a spec whose section cannot work, with an
+	// InputError naming the field.
+	Validate func(spec ReleaseSpec) error
+	// Save writes the section of spec for rel.
+	Save func(tx *gorm.DB, rel *Release, spec ReleaseSpec) error
+}
+
+var (
+	sectionsMu sync.RWMutex
+	sections   []ReleaseSection
+)
+
+// RegisterReleaseSection adds a section every release import validates and
+// saves, in registration order. Seeds register theirs when their package
+// is initialised, so that an import writes a whole release wherever the
+// seed is linked.
+func RegisterReleaseSection(sec ReleaseSection) {
+	sectionsMu.Lock()
+	defer sectionsMu.Unlock()
+	sections = append(sections, sec)
+}
+
+func releaseSections() []ReleaseSection {
+	sectionsMu.RLock()
+	defer sectionsMu.RUnlock()
+	return slices.Clone(sections)
 }

@@ -8,6 +8,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 )
 
 func TestRedundantRequirements(t *testing.T) {
@@ -64,8 +65,8 @@ func TestRedundantRequirements(t *testing.T) {
 // db (which binds base, implicit, with it) and api bound to node n1.
 type bindings struct {
 	*crowbar
-	snap    *models.Snapshot
-	api     *models.NodeRole
+	snap    *crowbar.Snapshot
+	api     *crowbar.NodeRole
 	roleIDs map[string]int64
 }
 
@@ -79,7 +80,7 @@ func newBindings(t *testing.T) *bindings {
 	b.api = c.bind(t, b.snap, "n1", "api")
 	b.roleIDs = b.ids(t)
 	require.Len(t, b.roleIDs, 7)
-	require.EqualValues(t, 3, count(t, c.store, &models.NodeRole{}), "api, db and base")
+	require.EqualValues(t, 3, count(t, c.store, &crowbar.NodeRole{}), "api, db and base")
 	return b
 }
 
@@ -127,8 +128,8 @@ func TestReimportReleaseKeepsBindings(t *testing.T) {
 	nr := b.reload(t, b.api)
 	assert.Equal(t, b.roleIDs["api"], nr.RoleID)
 	assert.Equal(t, "api", nr.RoleName)
-	assert.EqualValues(t, 3, count(t, b.store, &models.NodeRole{}))
-	assert.EqualValues(t, 3, count(t, b.store, &models.DeploymentRole{}))
+	assert.EqualValues(t, 3, count(t, b.store, &crowbar.NodeRole{}))
+	assert.EqualValues(t, 3, count(t, b.store, &crowbar.DeploymentRole{}))
 	rel, err := b.store.Release(b.ctx, "crowbar@2.0")
 	require.NoError(t, err)
 	var stored models.Role
@@ -165,7 +166,7 @@ func TestReimportReleaseRefusesDroppingBoundRole(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, before.UpdatedAt, after.UpdatedAt)
 	assert.Equal(t, before.Roles, after.Roles)
-	assert.EqualValues(t, 3, count(t, b.store, &models.NodeRole{}))
+	assert.EqualValues(t, 3, count(t, b.store, &crowbar.NodeRole{}))
 	b.reload(t, b.api)
 
 	// A binding in a snapshot that is no longer the proposal counts too.

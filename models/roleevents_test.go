@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 )
 
 // roleEvents records, per "role@node", the events the role's hooks saw, in
@@ -22,9 +22,9 @@ var roleEvents = struct {
 
 func init() {
 	for _, role := range []string{"cache", "front"} {
-		for _, event := range []string{models.OnTodo, models.OnBlocked, models.OnTransition, models.OnActive, models.OnError} {
+		for _, event := range []string{crowbar.OnTodo, crowbar.OnBlocked, crowbar.OnTransition, crowbar.OnActive, crowbar.OnError} {
 			event := event
-			models.RegisterRoleHook(role, event, func(_ context.Context, _ *gorm.DB, nr *models.NodeRole) error {
+			crowbar.RegisterRoleHook(role, event, func(_ context.Context, _ *gorm.DB, nr *crowbar.NodeRole) error {
 				roleEvents.Lock()
 				defer roleEvents.Unlock()
 				key := nr.RoleName + "@" + nr.NodeName
@@ -35,7 +35,7 @@ func init() {
 	}
 }
 
-func eventsOf(nr *models.NodeRole) []string {
+func eventsOf(nr *crowbar.NodeRole) []string {
 	roleEvents.Lock()
 	defer roleEvents.Unlock()
 	return append([]string(nil), roleEvents.byKey[nr.RoleName+"@"+nr.NodeName]...)

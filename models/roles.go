@@ -16,7 +16,7 @@ func (s *Store) Roles(ctx context.Context, release string) ([]Role, error) {
 	db := s.DB.WithContext(ctx)
 	q := db.Order("release_id, name")
 	if release != "" {
-		rel, err := findRelease(db, release)
+		rel, err := FindRelease(db, release)
 		if errors.Is(err, ErrNotFound) {
 			return nil, Invalid("release", "no release %q (give an id, a name@version or a name)", release)
 		}
@@ -45,3 +45,15 @@ func (s *Store) Role(ctx context.Context, id int64) (*Role, error) {
 	}
 	return &role, nil
 }
+
+// Role flags the framework knows.
+const (
+	FlagDiscovery = "discovery"
+	FlagBootstrap = "bootstrap"
+	FlagImplicit  = "implicit"
+	FlagLibrary   = "library"
+)
+
+// RoleFlags are the flags a role may carry. library is accepted and, as in
+// Crowbar, means nothing yet.
+var RoleFlags = []string{FlagDiscovery, FlagBootstrap, FlagImplicit, FlagLibrary}

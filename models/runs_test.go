@@ -15,22 +15,22 @@ import (
 
 func TestCreateTransactionValidation(t *testing.T) {
 	f := newFixture(t)
-	noop := func(*models.Transaction) error { return nil }
+	noop := func(*fuel.Transaction) error { return nil }
 	ghost, _, err := f.store.CreateNode(f.ctx, models.NodeInput{Name: "ghost.anneal.test"}, true)
 	require.NoError(t, err)
 
 	tests := []struct {
 		name  string
-		in    models.ExecuteInput
+		in    fuel.ExecuteInput
 		field string
 	}{
-		{"no deployment", models.ExecuteInput{Graphs: []models.GraphRequest{{Type: "deployment"}}}, "deployment"},
-		{"unknown deployment", models.ExecuteInput{Deployment: "nope", Graphs: []models.GraphRequest{{Type: "deployment"}}}, "deployment"},
-		{"no graphs", models.ExecuteInput{Deployment: "prod"}, "graphs"},
-		{"no type", models.ExecuteInput{Deployment: "prod", Graphs: []models.GraphRequest{{}}}, "graphs[0].type"},
-		{"unknown type", models.ExecuteInput{Deployment: "prod", Graphs: []models.GraphRequest{{Type: "deployment"}, {Type: "nope"}}}, "graphs[1].type"},
-		{"unknown task", models.ExecuteInput{Deployment: "prod", Graphs: []models.GraphRequest{{Type: "deployment", Tasks: []string{"db", "nope"}}}}, "graphs[0].tasks[1]"},
-		{"node of another deployment", models.ExecuteInput{Deployment: "prod", Graphs: []models.GraphRequest{{Type: "deployment", Nodes: []int64{f.ctl.ID, ghost.ID}}}}, "graphs[0].nodes[1]"},
+		{"no deployment", fuel.ExecuteInput{Graphs: []fuel.GraphRequest{{Type: "deployment"}}}, "deployment"},
+		{"unknown deployment", fuel.ExecuteInput{Deployment: "nope", Graphs: []fuel.GraphRequest{{Type: "deployment"}}}, "deployment"},
+		{"no graphs", fuel.ExecuteInput{Deployment: "prod"}, "graphs"},
+		{"no type", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{}}}, "graphs[0].type"},
+		{"unknown type", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}, {Type: "nope"}}}, "graphs[1].type"},
+		{"unknown task", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment", Tasks: []string{"db", "nope"}}}}, "graphs[0].tasks[1]"},
+		{"node of another deployment", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment", Nodes: []int64{f.ctl.ID, ghost.ID}}}}, "graphs[0].nodes[1]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -41,14 +41,14 @@ func TestCreateTransactionValidation(t *testing.T) {
 
 	// A failing start rolls the transaction back.
 	boom := errors.New("temporal is down")
-	_, err = f.store.CreateTransaction(f.ctx, models.ExecuteInput{Deployment: "prod", Graphs: []models.GraphRequest{{Type: "deployment"}}},
-		func(*models.Transaction) error { return boom })
+	_, err = f.store.CreateTransaction(f.ctx, fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
+		func(*fuel.Transaction) error { return boom })
 	assert.ErrorIs(t, err, boom)
-	assert.Zero(t, count(t, f.store, &models.Transaction{}))
+	assert.Zero(t, count(t, f.store, &fuel.Transaction{}))
 
-	var started *models.Transaction
-	txn, err := f.store.CreateTransaction(f.ctx, models.ExecuteInput{Deployment: "prod", Graphs: []models.GraphRequest{{Type: "deployment"}}, Force: true},
-		func(tx *models.Transaction) error { started = tx; return nil })
+	var started *fuel.Transaction
+	txn, err := f.store.CreateTransaction(f.ctx, fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}}, Force: true},
+		func(tx *fuel.Transaction) error { started = tx; return nil })
 	require.NoError(t, err)
 	assert.Same(t, txn, started)
 	assert.Equal(t, models.TxPending, txn.Status)
@@ -57,7 +57,7 @@ func TestCreateTransactionValidation(t *testing.T) {
 	loaded, err := f.store.Transaction(f.ctx, txn.ID)
 	require.NoError(t, err)
 	assert.True(t, loaded.Force)
-	assert.Equal(t, []models.GraphRequest{{Type: "deployment"}}, loaded.Graphs)
+	assert.Equal(t, []fuel.GraphRequest{{Type: "deployment"}}, loaded.Graphs)
 	_, err = f.store.Transaction(f.ctx, uuid.New())
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
@@ -74,7 +74,7 @@ func TestPlanGraph(t *testing.T) {
 		},
 		Runs:             4,
 		MaxNodesInFlight: contract.DefaultMaxNodesInFlight,
-		FailureThreshold: ptr(models.DefaultFailureThreshold),
+		FailureThreshold: ptr(fuel.DefaultFailureThreshold),
 	}
 	assert.Equal(t, want, gp)
 	assert.EqualValues(t, 4, count(t, f.store, &models.TaskRun{}))
@@ -90,7 +90,7 @@ func TestPlanGraph(t *testing.T) {
 	setup := runs["setup@"+ctlName]
 	assert.Equal(t, contract.RunPending, setup.State)
 	assert.Equal(t, "shell", setup.TaskType)
-	assert.Equal(t, models.RunSpec{Jig: models.JigAgent, Cmd: "echo setup", TimeoutSec: 30, Retries: 2}, setup.Spec)
+	assert.Equal(t, models.RunSpec{Jig: fuel.JigAgent, Cmd: "echo setup", TimeoutSec: 30, Retries: 2}, setup.Spec)
 	assert.Equal(t, models.DefaultTaskTimeoutSec, runs["db@"+ctlName].Spec.TimeoutSec)
 	assert.Less(t, runs["db@"+ctlName].Position, runs["nova@"+cmpName].Position, "plan order is topological")
 
@@ -110,20 +110,20 @@ func TestPlanGraph(t *testing.T) {
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	// Runs filters by node name or id and by state.
-	mine, err := f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: cmpName})
+	mine, err := f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{Node: cmpName})
 	require.NoError(t, err)
 	assert.Len(t, mine, 2)
 	const ghostName = "ghost.anneal.test"
-	mine, err = f.store.Runs(f.ctx, txn.ID, models.RunFilter{Node: ghostName, State: contract.RunPending})
+	mine, err = f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{Node: ghostName, State: contract.RunPending})
 	require.NoError(t, err)
 	assert.Empty(t, mine)
-	_, err = f.store.Runs(f.ctx, uuid.New(), models.RunFilter{})
+	_, err = f.store.Runs(f.ctx, uuid.New(), fuel.RunFilter{})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
 func TestPlanGraphFiltersAndDryRun(t *testing.T) {
 	f := newFixture(t)
-	txn := f.execute(t, models.ExecuteInput{DryRun: true, Graphs: []models.GraphRequest{
+	txn := f.execute(t, fuel.ExecuteInput{DryRun: true, Graphs: []fuel.GraphRequest{
 		{Type: "deployment", Nodes: []int64{f.ctl.ID}},
 		{Type: "provision"},
 	}})
@@ -139,7 +139,7 @@ func TestPlanGraphFiltersAndDryRun(t *testing.T) {
 	assert.Equal(t, "provision", gp.GraphType)
 	assert.Equal(t, 2, gp.Runs, "the noop task selects every node")
 
-	runs, err := f.store.Runs(f.ctx, txn.ID, models.RunFilter{})
+	runs, err := f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{})
 	require.NoError(t, err)
 	require.Len(t, runs, 4)
 	for _, r := range runs {
@@ -379,7 +379,7 @@ func TestFailRun(t *testing.T) {
 
 func TestFinishTransaction(t *testing.T) {
 	f := newFixture(t)
-	succeedAll := func(t *testing.T, txn *models.Transaction) {
+	succeedAll := func(t *testing.T, txn *fuel.Transaction) {
 		for _, r := range f.runsByLabel(t, txn) {
 			require.NoError(t, f.store.SucceedNoOp(f.ctx, r.ID))
 		}
@@ -440,7 +440,7 @@ func TestFinishTransaction(t *testing.T) {
 	})
 
 	t.Run("unplanned transaction", func(t *testing.T) {
-		txn := f.execute(t, models.ExecuteInput{})
+		txn := f.execute(t, fuel.ExecuteInput{})
 		st, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
 		require.NoError(t, err)
 		assert.Equal(t, models.TxReady, st.Status)

@@ -13,9 +13,9 @@ import (
 )
 
 // scenarioInput builds a ScenarioInput from JSON, as the API receives it.
-func scenarioInput(t *testing.T, doc string) models.ScenarioInput {
+func scenarioInput(t *testing.T, doc string) fuel.ScenarioInput {
 	t.Helper()
-	var in models.ScenarioInput
+	var in fuel.ScenarioInput
 	require.NoError(t, json.Unmarshal([]byte(doc), &in))
 	return in
 }
@@ -37,7 +37,7 @@ func TestCreateScenario(t *testing.T) {
 		assert.Equal(t, i+1, a.Position)
 		assert.NotZero(t, a.ID)
 	}
-	assert.Equal(t, models.ActNodes{Expr: "node.status == 'discover'"}, sc.Acts[0].Nodes, "yaql_exp is an alias of expr")
+	assert.Equal(t, fuel.ActNodes{Expr: "node.status == 'discover'"}, sc.Acts[0].Nodes, "yaql_exp is an alias of expr")
 	assert.Equal(t, 5, *sc.Acts[0].MaxNodesInFlight)
 	assert.Nil(t, sc.Acts[0].FailureThreshold)
 	assert.Equal(t, []int64{f.ctl.ID}, sc.Acts[1].Nodes.IDs)
@@ -88,7 +88,7 @@ func TestCreateScenarioDuplicateName(t *testing.T) {
 	_, err = store.CreateScenario(ctx, in)
 	ce := requireConflict(t, err)
 	assert.Contains(t, ce.Reason, `"twice" already exists`)
-	assert.EqualValues(t, 1, count(t, store, &models.ScenarioAct{}))
+	assert.EqualValues(t, 1, count(t, store, &fuel.ScenarioAct{}))
 }
 
 func TestCreateScenarioValidation(t *testing.T) {
@@ -129,13 +129,13 @@ func TestCreateScenarioValidation(t *testing.T) {
 			assert.Contains(t, ie.Reason, tc.reason)
 		})
 	}
-	assert.EqualValues(t, 0, count(t, store, &models.Scenario{}), "nothing half-created")
-	assert.EqualValues(t, 0, count(t, store, &models.ScenarioAct{}))
+	assert.EqualValues(t, 0, count(t, store, &fuel.Scenario{}), "nothing half-created")
+	assert.EqualValues(t, 0, count(t, store, &fuel.ScenarioAct{}))
 }
 
 func TestCreateScenarioBadExpressionPosition(t *testing.T) {
 	store, ctx := newStore(t)
-	_, err := store.CreateScenario(ctx, models.ScenarioInput{Name: "bad", Acts: []models.ActInput{
+	_, err := store.CreateScenario(ctx, fuel.ScenarioInput{Name: "bad", Acts: []fuel.ActInput{
 		{GraphType: "deployment", Nodes: json.RawMessage(`{"expr": "node.status == 'discover' &&\n  'compute' in node.role"}`)},
 	}})
 	ie := requireInput(t, err, "scenario[0].nodes.expr")
@@ -151,10 +151,10 @@ func TestDeleteScenario(t *testing.T) {
 	_, err := store.CreateScenario(ctx, scenarioInput(t, `{"name": "gone", "scenario": [{"graph_type": "deployment"}, {"graph_type": "verification"}]}`))
 	require.NoError(t, err)
 	require.NoError(t, store.DeleteScenario(ctx, "gone"))
-	assert.EqualValues(t, 0, count(t, store, &models.ScenarioAct{}), "acts go with their scenario")
+	assert.EqualValues(t, 0, count(t, store, &fuel.ScenarioAct{}), "acts go with their scenario")
 	assert.ErrorIs(t, store.DeleteScenario(ctx, "gone"), models.ErrNotFound)
 
-	require.NoError(t, models.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...))
+	require.NoError(t, fuel.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...))
 	ce := requireConflict(t, store.DeleteScenario(ctx, "deploy-changes"))
 	assert.Contains(t, ce.Reason, "built in")
 	_, err = store.Scenario(ctx, "deploy-changes")
@@ -167,7 +167,7 @@ func TestEnsureBuiltinScenarios(t *testing.T) {
 	_, err := store.CreateScenario(ctx, scenarioInput(t, `{"name": "deploy-changes", "scenario": [{"graph_type": "verification"}]}`))
 	require.NoError(t, err)
 	for range 2 { // idempotent
-		require.NoError(t, models.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...))
+		require.NoError(t, fuel.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...))
 	}
 	list, err := store.Scenarios(ctx)
 	require.NoError(t, err)
@@ -181,14 +181,14 @@ func TestEnsureBuiltinScenarios(t *testing.T) {
 	assert.Equal(t, "node.status == 'discover'", sc.Acts[0].Nodes.Expr)
 	assert.Equal(t, "deployment", sc.Acts[1].GraphType)
 	assert.Equal(t, "node.status != 'deployed' || node.progress < 100", sc.Acts[1].Nodes.Expr)
-	assert.EqualValues(t, 2, count(t, store, &models.ScenarioAct{}))
+	assert.EqualValues(t, 2, count(t, store, &fuel.ScenarioAct{}))
 
 	// A broken built-in document is an error naming it.
-	err = models.EnsureBuiltinScenarios(ctx, store, []byte("name: broken\nscenario:\n  - graph_type: deployment\n    nodes: {expr: 'node.nope'}\n"))
+	err = fuel.EnsureBuiltinScenarios(ctx, store, []byte("name: broken\nscenario:\n  - graph_type: deployment\n    nodes: {expr: 'node.nope'}\n"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `built-in scenario "broken"`)
 	assert.Contains(t, err.Error(), "undefined field 'nope'")
-	err = models.EnsureBuiltinScenarios(ctx, store, []byte("name: x\nunknown: 1\n"))
+	err = fuel.EnsureBuiltinScenarios(ctx, store, []byte("name: x\nunknown: 1\n"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "unknown field")
 }
@@ -211,12 +211,12 @@ func TestPrepareScenario(t *testing.T) {
 	]}`, f.ctl.ID)))
 	require.NoError(t, err)
 
-	sp, err := f.store.PrepareScenario(f.ctx, "mixed", models.ScenarioExecuteInput{Deployment: "prod", DryRun: true, MaxNodesInFlight: 7})
+	sp, err := f.store.PrepareScenario(f.ctx, "mixed", fuel.ScenarioExecuteInput{Deployment: "prod", DryRun: true, MaxNodesInFlight: 7})
 	require.NoError(t, err)
 	assert.True(t, sp.Input.DryRun)
 	assert.Equal(t, 7, sp.Input.MaxNodesInFlight)
 	fifty := 50
-	assert.Equal(t, []models.GraphRequest{
+	assert.Equal(t, []fuel.GraphRequest{
 		{Type: "provision", Nodes: []int64{f.cmp.ID}, MaxNodesInFlight: 3, FailureThreshold: &fifty},
 		{Type: "deployment", Nodes: []int64{f.cmp.ID}},
 		{Type: "deployment", Nodes: []int64{f.ctl.ID}},
@@ -234,7 +234,7 @@ func TestPrepareScenario(t *testing.T) {
 	assert.Contains(t, sp.Acts[5].Reason, "dead")
 
 	// The plan becomes a transaction; the per-act valves are kept.
-	txn, err := f.store.CreateTransaction(f.ctx, sp.Input, func(*models.Transaction) error { return nil })
+	txn, err := f.store.CreateTransaction(f.ctx, sp.Input, func(*fuel.Transaction) error { return nil })
 	require.NoError(t, err)
 	require.Len(t, txn.Graphs, 4)
 	assert.Equal(t, 3, txn.Graphs[0].MaxNodesInFlight)
@@ -242,11 +242,11 @@ func TestPrepareScenario(t *testing.T) {
 	assert.Equal(t, 7, txn.Graphs[1].MaxNodesInFlight, "the call's default")
 
 	// Bad calls.
-	_, err = f.store.PrepareScenario(f.ctx, "mixed", models.ScenarioExecuteInput{})
+	_, err = f.store.PrepareScenario(f.ctx, "mixed", fuel.ScenarioExecuteInput{})
 	requireInput(t, err, "deployment")
-	_, err = f.store.PrepareScenario(f.ctx, "mixed", models.ScenarioExecuteInput{Deployment: "nope"})
+	_, err = f.store.PrepareScenario(f.ctx, "mixed", fuel.ScenarioExecuteInput{Deployment: "nope"})
 	requireInput(t, err, "deployment")
-	_, err = f.store.PrepareScenario(f.ctx, "nope", models.ScenarioExecuteInput{Deployment: "prod"})
+	_, err = f.store.PrepareScenario(f.ctx, "nope", fuel.ScenarioExecuteInput{Deployment: "prod"})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
@@ -259,9 +259,9 @@ func TestPrepareScenarioErrors(t *testing.T) {
 	_, err = f.store.CreateScenario(f.ctx, scenarioInput(t, fmt.Sprintf(`{"name": "ids", "scenario": [
 		{"graph_type": "deployment"}, {"graph_type": "deployment", "nodes": [%d, %d]}]}`, f.ctl.ID, f.cmp.ID)))
 	require.NoError(t, err)
-	_, err = f.store.PrepareScenario(f.ctx, "ids", models.ScenarioExecuteInput{Deployment: "prod"})
+	_, err = f.store.PrepareScenario(f.ctx, "ids", fuel.ScenarioExecuteInput{Deployment: "prod"})
 	require.NoError(t, err)
-	_, err = f.store.PrepareScenario(f.ctx, "ids", models.ScenarioExecuteInput{Deployment: other.Name})
+	_, err = f.store.PrepareScenario(f.ctx, "ids", fuel.ScenarioExecuteInput{Deployment: other.Name})
 	ie := requireInput(t, err, "scenario[1].nodes[0]")
 	assert.Contains(t, ie.Reason, `is not in deployment "other"`)
 
@@ -269,7 +269,7 @@ func TestPrepareScenarioErrors(t *testing.T) {
 	_, err = f.store.CreateScenario(f.ctx, scenarioInput(t, `{"name": "rack", "scenario": [
 		{"graph_type": "deployment", "nodes": {"expr": "node.attributes.rack == 'r1'"}}]}`))
 	require.NoError(t, err)
-	_, err = f.store.PrepareScenario(f.ctx, "rack", models.ScenarioExecuteInput{Deployment: "prod"})
+	_, err = f.store.PrepareScenario(f.ctx, "rack", fuel.ScenarioExecuteInput{Deployment: "prod"})
 	ie = requireInput(t, err, "scenario[0].nodes.expr")
 	assert.Contains(t, ie.Reason, ctlName)
 	assert.Contains(t, ie.Reason, "no such key: rack")
@@ -278,7 +278,7 @@ func TestPrepareScenarioErrors(t *testing.T) {
 	_, err = f.store.CreateScenario(f.ctx, scenarioInput(t, `{"name": "none", "scenario": [
 		{"graph_type": "deployment", "nodes": {"expr": "node.admin"}}]}`))
 	require.NoError(t, err)
-	_, err = f.store.PrepareScenario(f.ctx, "none", models.ScenarioExecuteInput{Deployment: "prod"})
+	_, err = f.store.PrepareScenario(f.ctx, "none", fuel.ScenarioExecuteInput{Deployment: "prod"})
 	ie = requireInput(t, err, "deployment")
 	assert.Contains(t, ie.Reason, "nothing to do")
 	assert.Equal(t, true, ie.Details["nothing_to_run"])
@@ -290,9 +290,9 @@ func TestPrepareScenarioErrors(t *testing.T) {
 		{"graph_type": "deployment"},
 		{"graph_type": "teleport"}]}`))
 	require.NoError(t, err)
-	sp, err := f.store.PrepareScenario(f.ctx, "teleport", models.ScenarioExecuteInput{Deployment: "prod"})
+	sp, err := f.store.PrepareScenario(f.ctx, "teleport", fuel.ScenarioExecuteInput{Deployment: "prod"})
 	require.NoError(t, err)
-	_, err = f.store.CreateTransaction(f.ctx, sp.Input, func(*models.Transaction) error { return nil })
+	_, err = f.store.CreateTransaction(f.ctx, sp.Input, func(*fuel.Transaction) error { return nil })
 	requireInput(t, err, "graphs[1].type")
 	ie = requireInput(t, sp.MapError(err), "scenario[2].graph_type")
 	assert.Contains(t, ie.Reason, "act 3 (teleport)")

@@ -14,6 +14,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 

@@ -165,7 +165,7 @@ func TestImportReleaseRefusesUnknownRequirement(t *testing.T) {
 
 	assert.Zero(t, count(t, store, &models.Release{}))
 	assert.Zero(t, count(t, store, &models.Role{}))
-	assert.Zero(t, count(t, store, &models.Graph{}))
+	assert.Zero(t, count(t, store, &fuel.Graph{}))
 }
 
 func TestImportReleaseTwiceReplaces(t *testing.T) {
@@ -193,7 +193,7 @@ func TestImportReleaseTwiceReplaces(t *testing.T) {
 	assert.Equal(t, first.ID, second.ID, "same name and version: the release is replaced")
 	assert.EqualValues(t, 1, count(t, store, &models.Release{}))
 	assert.EqualValues(t, 2, count(t, store, &models.Role{}))
-	assert.EqualValues(t, 2, count(t, store, &models.Graph{}))
+	assert.EqualValues(t, 2, count(t, store, &fuel.Graph{}))
 
 	// A changed spec replaces roles and graphs rather than adding to them.
 	spec := releaseSpec(t)
@@ -205,10 +205,10 @@ func TestImportReleaseTwiceReplaces(t *testing.T) {
 	_, err = store.ImportRelease(ctx, spec)
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, count(t, store, &models.Role{}))
-	assert.EqualValues(t, 1, count(t, store, &models.Graph{}))
-	var graph models.Graph
+	assert.EqualValues(t, 1, count(t, store, &fuel.Graph{}))
+	var graph fuel.Graph
 	require.NoError(t, store.DB.Take(&graph).Error)
-	assert.Equal(t, models.OwnerRelease, graph.OwnerKind)
+	assert.Equal(t, fuel.OwnerRelease, graph.OwnerKind)
 	require.Len(t, graph.Tasks, 1)
 	assert.Equal(t, "setup", graph.Tasks[0].ID)
 
@@ -348,8 +348,8 @@ func TestResolveGraph(t *testing.T) {
 	assert.Equal(t, []string{"setup", "db", "nova"}, taskIDs(g.Tasks))
 
 	// The deployment's own graph overrides tasks by id and adds new ones.
-	require.NoError(t, store.DB.Create(&models.Graph{
-		OwnerKind: models.OwnerDeployment, OwnerID: dep.ID, Type: "deployment",
+	require.NoError(t, store.DB.Create(&fuel.Graph{
+		OwnerKind: fuel.OwnerDeployment, OwnerID: dep.ID, Type: "deployment",
 		Metadata: map[string]any{"owner": "deployment", "extra": true},
 		Tasks: []plan.Task{
 			{ID: "db", Tags: []string{"db"}, Parameters: plan.Parameters{Cmd: "echo override"}},
@@ -358,11 +358,11 @@ func TestResolveGraph(t *testing.T) {
 	}).Error)
 	// A deployment graph of another type, and a graph owned by another
 	// deployment, stay out.
-	require.NoError(t, store.DB.Create(&models.Graph{
-		OwnerKind: models.OwnerDeployment, OwnerID: dep.ID, Type: "custom", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "c"}},
+	require.NoError(t, store.DB.Create(&fuel.Graph{
+		OwnerKind: fuel.OwnerDeployment, OwnerID: dep.ID, Type: "custom", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "c"}},
 	}).Error)
-	require.NoError(t, store.DB.Create(&models.Graph{
-		OwnerKind: models.OwnerDeployment, OwnerID: dep.ID + 1000, Type: "deployment", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "alien"}},
+	require.NoError(t, store.DB.Create(&fuel.Graph{
+		OwnerKind: fuel.OwnerDeployment, OwnerID: dep.ID + 1000, Type: "deployment", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "alien"}},
 	}).Error)
 
 	g, err = store.ResolveGraph(ctx, dep, "deployment")

@@ -14,11 +14,11 @@ import (
 )
 
 // tagsByName lists the tags of a scope keyed by name.
-func tagsByName(t *testing.T, f *fixture, scope models.TagScope) map[string]models.Tag {
+func tagsByName(t *testing.T, f *fixture, scope fuel.TagScope) map[string]fuel.Tag {
 	t.Helper()
 	tags, err := f.store.Tags(f.ctx, scope)
 	require.NoError(t, err)
-	out := map[string]models.Tag{}
+	out := map[string]fuel.Tag{}
 	for _, tag := range tags {
 		out[tag.OwnerKind+":"+tag.Name] = tag
 	}
@@ -35,7 +35,7 @@ func nodeTagsOf(t *testing.T, f *fixture, name string) []string {
 
 func TestImportReleaseCreatesTags(t *testing.T) {
 	f := newFixture(t)
-	tags := tagsByName(t, f, models.TagScope{Release: "openstack@1.0"})
+	tags := tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	require.Len(t, tags, 3, "api and db (controller), hypervisor (compute); db is also in tags_metadata")
 	db := tags["release:db"]
 	assert.True(t, db.ReadOnly, "produced by a role: stuck to it")
@@ -51,7 +51,7 @@ func TestImportReleaseCreatesTags(t *testing.T) {
 	// A user tag of the release survives a re-import; declared tags follow
 	// the new release: api is no longer produced, extra is declared only in
 	// tags_metadata (so not read only), db loses has_primary.
-	_, err := f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Release: "openstack@1.0", Metadata: map[string]any{"by": "user"}})
+	_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "openstack@1.0", Metadata: map[string]any{"by": "user"}})
 	require.NoError(t, err)
 	spec := releaseSpec(t)
 	ctl := spec.RolesMetadata["controller"]
@@ -60,7 +60,7 @@ func TestImportReleaseCreatesTags(t *testing.T) {
 	spec.TagsMetadata = map[string]models.TagMetadata{"extra": {Name: "Extra", HasPrimary: true}}
 	_, err = f.store.ImportRelease(f.ctx, spec)
 	require.NoError(t, err)
-	tags = tagsByName(t, f, models.TagScope{Release: "openstack@1.0"})
+	tags = tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	assert.ElementsMatch(t, []string{"release:db", "release:hypervisor", "release:extra", "release:swift"}, keys(tags))
 	assert.Equal(t, db.ID, tags["release:db"].ID, "a tag still declared keeps its id")
 	assert.False(t, tags["release:db"].HasPrimary)
@@ -83,14 +83,14 @@ func keys[V any](m map[string]V) []string {
 // release whose tags are missing, as for a release imported before it.
 func TestMigrationBackfillsReleaseTags(t *testing.T) {
 	f := newFixture(t)
-	before := tagsByName(t, f, models.TagScope{Release: "openstack@1.0"})
+	before := tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	require.NoError(t, f.store.DB.Exec("DELETE FROM tags").Error)
 	sql, err := os.ReadFile("migrations/0002_tags.sql")
 	require.NoError(t, err)
 	_, backfill, ok := strings.Cut(string(sql), "-- Releases imported before")
 	require.True(t, ok)
 	require.NoError(t, f.store.DB.Exec("-- "+backfill).Error)
-	after := tagsByName(t, f, models.TagScope{Release: "openstack@1.0"})
+	after := tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	require.Equal(t, len(before), len(after))
 	for name, tag := range before {
 		got := after[name]
@@ -102,32 +102,32 @@ func TestMigrationBackfillsReleaseTags(t *testing.T) {
 func TestTagCRUD(t *testing.T) {
 	f := newFixture(t)
 	for _, name := range []string{"", "two words", "mysql:1", "primary-db", "/db/", "*", "tab\there"} {
-		_, err := f.store.CreateTag(f.ctx, models.TagInput{Name: name, Deployment: "prod"})
+		_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: name, Deployment: "prod"})
 		requireInput(t, err, "name")
 	}
-	_, err := f.store.CreateTag(f.ctx, models.TagInput{Name: "swift"})
+	_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift"})
 	requireInput(t, err, "release")
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Release: "openstack", Deployment: "prod"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "openstack", Deployment: "prod"})
 	requireInput(t, err, "deployment")
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Deployment: "nope"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "nope"})
 	requireInput(t, err, "deployment")
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Release: "nope"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "nope"})
 	requireInput(t, err, "release")
-	assert.Zero(t, count(t, f.store, &models.Tag{}, "name = ?", "swift"))
+	assert.Zero(t, count(t, f.store, &fuel.Tag{}, "name = ?", "swift"))
 
-	swift, err := f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Deployment: "prod", HasPrimary: true,
+	swift, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod", HasPrimary: true,
 		Metadata: map[string]any{"color": "blue"}})
 	require.NoError(t, err)
-	assert.Equal(t, models.OwnerDeployment, swift.OwnerKind)
+	assert.Equal(t, fuel.OwnerDeployment, swift.OwnerKind)
 	assert.Equal(t, f.dep.ID, swift.OwnerID)
 	assert.False(t, swift.ReadOnly)
 
 	// Duplicates in the scope, or clashing with the release, conflict.
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Deployment: "prod"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
 	assert.Contains(t, requireConflict(t, err).Reason, "deployment prod")
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "db", Deployment: "prod"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "db", Deployment: "prod"})
 	assert.Contains(t, requireConflict(t, err).Reason, "release openstack@1.0")
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Release: "openstack"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "openstack"})
 	requireConflict(t, err)
 
 	got, err := f.store.Tag(f.ctx, swift.ID)
@@ -137,21 +137,21 @@ func TestTagCRUD(t *testing.T) {
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	off := false
-	up, err := f.store.UpdateTag(f.ctx, swift.ID, models.TagUpdate{HasPrimary: &off})
+	up, err := f.store.UpdateTag(f.ctx, swift.ID, fuel.TagUpdate{HasPrimary: &off})
 	require.NoError(t, err)
 	assert.False(t, up.HasPrimary)
 	assert.Equal(t, map[string]any{"color": "blue"}, up.Metadata, "metadata not given stays")
 	md := map[string]any{"color": "red"}
-	up, err = f.store.UpdateTag(f.ctx, swift.ID, models.TagUpdate{Metadata: &md})
+	up, err = f.store.UpdateTag(f.ctx, swift.ID, fuel.TagUpdate{Metadata: &md})
 	require.NoError(t, err)
 	assert.Equal(t, md, up.Metadata)
-	_, err = f.store.UpdateTag(f.ctx, swift.ID, models.TagUpdate{})
+	_, err = f.store.UpdateTag(f.ctx, swift.ID, fuel.TagUpdate{})
 	requireInput(t, err, "body")
 
 	// Tags stuck to a role can be neither modified nor deleted.
-	tags := tagsByName(t, f, models.TagScope{Deployment: "prod"})
+	tags := tagsByName(t, f, fuel.TagScope{Deployment: "prod"})
 	db := tags["release:db"]
-	_, err = f.store.UpdateTag(f.ctx, db.ID, models.TagUpdate{HasPrimary: &off})
+	_, err = f.store.UpdateTag(f.ctx, db.ID, fuel.TagUpdate{HasPrimary: &off})
 	assert.Equal(t, "tag db is stuck to role(s) controller; change the release instead", requireConflict(t, err).Reason)
 	_, err = f.store.DeleteTag(f.ctx, db.ID)
 	requireConflict(t, err)
@@ -179,16 +179,16 @@ func TestDeploymentTagsAreScoped(t *testing.T) {
 	f := newFixture(t)
 	other, err := f.store.CreateDeployment(f.ctx, models.DeploymentInput{Name: "staging", Release: "openstack@1.0"})
 	require.NoError(t, err)
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Deployment: "prod"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
 	require.NoError(t, err)
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "ceph", Release: "openstack@1.0"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "ceph", Release: "openstack@1.0"})
 	require.NoError(t, err)
 
-	prod := tagsByName(t, f, models.TagScope{Deployment: "prod"})
+	prod := tagsByName(t, f, fuel.TagScope{Deployment: "prod"})
 	assert.ElementsMatch(t, []string{"release:api", "release:db", "release:hypervisor", "release:ceph", "deployment:swift"}, keys(prod))
-	staging := tagsByName(t, f, models.TagScope{Deployment: other.Name})
+	staging := tagsByName(t, f, fuel.TagScope{Deployment: other.Name})
 	assert.ElementsMatch(t, []string{"release:api", "release:db", "release:hypervisor", "release:ceph"}, keys(staging))
-	rel := tagsByName(t, f, models.TagScope{Release: "openstack"})
+	rel := tagsByName(t, f, fuel.TagScope{Release: "openstack"})
 	assert.NotContains(t, rel, "deployment:swift")
 
 	// A node of staging cannot take prod's swift, until staging has its own.
@@ -196,7 +196,7 @@ func TestDeploymentTagsAreScoped(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.store.AssignTags(f.ctx, "stg.anneal.test", []string{"ceph", "swift"})
 	requireInput(t, err, "tags[1]")
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Deployment: "staging"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "staging"})
 	require.NoError(t, err)
 	_, err = f.store.AssignTags(f.ctx, "stg.anneal.test", []string{"ceph", "swift"})
 	require.NoError(t, err)
@@ -205,15 +205,15 @@ func TestDeploymentTagsAreScoped(t *testing.T) {
 	_, err = f.store.AssignTags(f.ctx, sys.Name, []string{"swift"})
 	requireInput(t, err, "tags[0]")
 
-	_, err = f.store.Tags(f.ctx, models.TagScope{})
+	_, err = f.store.Tags(f.ctx, fuel.TagScope{})
 	requireInput(t, err, "release")
-	_, err = f.store.Tags(f.ctx, models.TagScope{Deployment: "nope"})
+	_, err = f.store.Tags(f.ctx, fuel.TagScope{Deployment: "nope"})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
 func TestAssignAndUnassignTags(t *testing.T) {
 	f := newFixture(t)
-	_, err := f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Deployment: "prod"})
+	_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
 	require.NoError(t, err)
 
 	view, err := f.store.AssignTags(f.ctx, cmpName, []string{"db", "swift", "db", "controller", "swift:3"})
@@ -303,9 +303,9 @@ func TestPrimaryTags(t *testing.T) {
 		txn, _ := f.plan(t)
 		return f.runsByLabel(t, txn)
 	}
-	recorded := func() []models.PrimaryTag {
+	recorded := func() []fuel.PrimaryTag {
 		t.Helper()
-		var rows []models.PrimaryTag
+		var rows []fuel.PrimaryTag
 		require.NoError(t, f.store.DB.Order("tag").Find(&rows).Error)
 		return rows
 	}
@@ -317,7 +317,7 @@ func TestPrimaryTags(t *testing.T) {
 	assert.Contains(t, runs, "db-bootstrap@"+ctlName)
 	assert.NotContains(t, runs, "db-bootstrap@"+ctl2.Name)
 	assert.Contains(t, runs, "db@"+ctl2.Name)
-	assert.Equal(t, []models.PrimaryTag{{DeploymentID: f.dep.ID, Tag: "db", NodeID: f.ctl.ID}}, recorded())
+	assert.Equal(t, []fuel.PrimaryTag{{DeploymentID: f.dep.ID, Tag: "db", NodeID: f.ctl.ID}}, recorded())
 
 	// ctl loses db: ctl2 takes over, and keeps it when ctl gets db back.
 	_, err = f.store.UnassignTags(f.ctx, ctlName, []string{"db"})
@@ -341,7 +341,7 @@ func TestPrimaryTags(t *testing.T) {
 	require.NoError(t, err)
 	runs = planned()
 	assert.Contains(t, runs, "db-bootstrap@"+ctlName)
-	assert.Equal(t, []models.PrimaryTag{{DeploymentID: f.dep.ID, Tag: "db", NodeID: f.ctl.ID}}, recorded())
+	assert.Equal(t, []fuel.PrimaryTag{{DeploymentID: f.dep.ID, Tag: "db", NodeID: f.ctl.ID}}, recorded())
 
 	// Nobody holds db: no primary, the row goes.
 	_, err = f.store.UnassignTags(f.ctx, ctlName, []string{"db"})
@@ -354,7 +354,7 @@ func TestPrimaryTags(t *testing.T) {
 
 	// A deployment tag with has_primary works the same; a role name counts
 	// as held.
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "compute-lead", Deployment: "prod", HasPrimary: true})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "compute-lead", Deployment: "prod", HasPrimary: true})
 	require.NoError(t, err)
 	_, err = f.store.AssignTags(f.ctx, cmpName, []string{"compute-lead"})
 	require.NoError(t, err)
@@ -377,16 +377,16 @@ func TestCheckDeployment(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.store.AssignTags(f.ctx, ctlName, []string{"db:1"})
 	require.NoError(t, err)
-	_, err = f.store.CreateTag(f.ctx, models.TagInput{Name: "swift", Deployment: "prod"})
+	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
 	require.NoError(t, err)
 	check, err = f.store.CheckDeployment(f.ctx, "prod")
 	require.NoError(t, err)
 	assert.False(t, check.OK)
-	assert.Equal(t, []models.CheckWarning{{Tag: "db",
+	assert.Equal(t, []fuel.CheckWarning{{Tag: "db",
 		Message: "no node of deployment prod holds the mandatory tag db (declared by release openstack@1.0)"}}, check.Warnings)
 
 	// Deploying is still allowed.
-	f.execute(t, models.ExecuteInput{})
+	f.execute(t, fuel.ExecuteInput{})
 
 	system, err := f.store.CheckDeployment(f.ctx, models.SystemDeployment)
 	require.NoError(t, err)

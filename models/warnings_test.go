@@ -17,7 +17,7 @@ func TestPlanWarningsAreRecorded(t *testing.T) {
 	other := "system"
 	_, err := f.store.UpdateNode(f.ctx, ctlName, models.NodeUpdate{Deployment: &other})
 	require.NoError(t, err)
-	txn := f.execute(t, models.ExecuteInput{})
+	txn := f.execute(t, fuel.ExecuteInput{})
 	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
 	require.NoError(t, err)
 	require.NotEmpty(t, gp.Warnings)

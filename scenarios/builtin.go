@@ -9,7 +9,7 @@ var deployChanges []byte
 
 // Builtins returns the built-in scenarios, one YAML document each, in the
 // shape of the POST /api/v1/scenarios body. Upsert them at start with
-// models.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...).
+// fuel.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...).
 func Builtins() [][]byte {
 	return [][]byte{deployChanges}
 }

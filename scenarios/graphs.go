@@ -11,7 +11,7 @@ var graphFiles embed.FS
 
 // BuiltinGraphs returns the built-in graphs (provision, verification,
 // deletion), one YAML document each, in file-name order. Load them at start
-// with models.EnsureBuiltinGraphs.
+// with fuel.EnsureBuiltinGraphs.
 func BuiltinGraphs() [][]byte {
 	names, err := fs.Glob(graphFiles, "graphs/*.yaml")
 	if err != nil {

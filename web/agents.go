@@ -19,6 +19,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -394,7 +395,7 @@ func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) 
 }
 
 func agentType(taskType string) string {
-	if taskType == models.TaskReboot {
+	if taskType == fuel.TaskReboot {
 		return protocol.TypeReboot
 	}
 	return "shell"

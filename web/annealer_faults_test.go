@@ -18,6 +18,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -83,7 +84,7 @@ func commitAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...s
 
 // waitState waits for a noderole to reach a state and returns it with its
 // last run.
-func waitState(t *testing.T, st *testenv.Stack, id int64, state string, within time.Duration) models.NodeRole {
+func waitState(t *testing.T, st *testenv.Stack, id int64, state string, within time.Duration) crowbar.NodeRole {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -178,7 +179,7 @@ func TestAnnealerAgentLostMidRun(t *testing.T) {
 	assert.Equal(t, agent.Token(t), back.Token(t))
 	neverRan(t, st, afterID, contract.NodeRoleBlocked)
 
-	var retried models.NodeRole
+	var retried crowbar.NodeRole
 	status, body := st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/noderoles/%d/retry", slowID), nil, &retried)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Contains(t, []string{contract.NodeRoleTodo, contract.NodeRoleTransition}, retried.State)
@@ -238,7 +239,7 @@ func TestAnnealerWorkerGoneMidRun(t *testing.T) {
 	// The run finishes and is reported while no worker runs: the result is
 	// stored, but nothing can finish the noderole.
 	require.NoError(t, os.WriteFile(filepath.Join(agent.WorkDir, "go-ahead"), nil, 0o644))
-	var first models.NodeRole
+	var first crowbar.NodeRole
 	require.Eventually(t, func() bool {
 		first = getNodeRole(t, st, firstID)
 		return first.LastRun != nil && first.LastRun.State == contract.RunSucceeded
@@ -328,7 +329,7 @@ func TestAdminNodeBootstrap(t *testing.T) {
 	assert.Equal(t, []int64{nrs["discovered@n1"].ID}, n1Res.NodeRoles)
 	before(t, base, api)
 	assert.Equal(t, "ready", dig(api.LastRun.AttrsIn, "admin", "base"), "admin-api saw admin-base's wall")
-	for _, nr := range []models.NodeRole{base, api} {
+	for _, nr := range []crowbar.NodeRole{base, api} {
 		assert.Equal(t, 1, nr.RunCount, nr.RoleName)
 	}
 }

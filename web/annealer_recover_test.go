@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/dev/testenv"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -37,7 +37,7 @@ func TestAnnealerRecoversATerminatedRun(t *testing.T) {
 	st.StartAgent(t, nodeName("r1"))
 	bindAll(t, st, "slowdep", "slow@r1")
 
-	var nr models.NodeRole
+	var nr crowbar.NodeRole
 	require.Eventually(t, func() bool {
 		nr = noderoles(t, st, "slowdep")["slow@r1"]
 		return nr.State == contract.NodeRoleTransition
@@ -48,7 +48,7 @@ func TestAnnealerRecoversATerminatedRun(t *testing.T) {
 	require.NoError(t, st.Temporal.TerminateWorkflow(ctx, contract.AnnealerWorkflowID(st.TaskQueue), "", "operator restarts the annealer"))
 
 	// Any kick starts a fresh annealer; committing an unchanged snapshot is one.
-	var snap models.Snapshot
+	var snap crowbar.Snapshot
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/slowdep/snapshots/propose", nil, &snap)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/commit", snap.ID), nil, nil)

@@ -12,18 +12,19 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // noderoles lists the noderoles of a deployment's committed snapshot by
 // "role@short-node-name".
-func noderoles(t *testing.T, st *testenv.Stack, deployment string) map[string]models.NodeRole {
+func noderoles(t *testing.T, st *testenv.Stack, deployment string) map[string]crowbar.NodeRole {
 	t.Helper()
-	var list []models.NodeRole
+	var list []crowbar.NodeRole
 	status, body := st.Do(t, http.MethodGet, "/api/v1/noderoles?deployment="+deployment, nil, &list)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	out := map[string]models.NodeRole{}
+	out := map[string]crowbar.NodeRole{}
 	for _, nr := range list {
 		out[nr.RoleName+"@"+strings.TrimSuffix(nr.NodeName, "."+domain)] = nr
 	}
@@ -31,9 +32,9 @@ func noderoles(t *testing.T, st *testenv.Stack, deployment string) map[string]mo
 }
 
 // getNodeRole reads one noderole with its last run.
-func getNodeRole(t *testing.T, st *testenv.Stack, id int64) models.NodeRole {
+func getNodeRole(t *testing.T, st *testenv.Stack, id int64) crowbar.NodeRole {
 	t.Helper()
-	var nr models.NodeRole
+	var nr crowbar.NodeRole
 	status, body := st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/noderoles/%d", id), nil, &nr)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	return nr
@@ -41,9 +42,9 @@ func getNodeRole(t *testing.T, st *testenv.Stack, id int64) models.NodeRole {
 
 // waitActive waits until every noderole of the deployment named in keys is
 // active, failing early on one in error.
-func waitActive(t *testing.T, st *testenv.Stack, deployment string, keys ...string) map[string]models.NodeRole {
+func waitActive(t *testing.T, st *testenv.Stack, deployment string, keys ...string) map[string]crowbar.NodeRole {
 	t.Helper()
-	var nrs map[string]models.NodeRole
+	var nrs map[string]crowbar.NodeRole
 	require.Eventually(t, func() bool {
 		nrs = noderoles(t, st, deployment)
 		for _, k := range keys {
@@ -64,7 +65,7 @@ func waitActive(t *testing.T, st *testenv.Stack, deployment string, keys ...stri
 	return nrs
 }
 
-func states(nrs map[string]models.NodeRole) map[string]string {
+func states(nrs map[string]crowbar.NodeRole) map[string]string {
 	out := map[string]string{}
 	for k, nr := range nrs {
 		out[k] = nr.State
@@ -75,7 +76,7 @@ func states(nrs map[string]models.NodeRole) map[string]string {
 // commitAnswer is the answer to a commit: the snapshot, whether the
 // annealer was woken, and the deploy-changes transaction it started.
 type commitAnswer struct {
-	models.Snapshot
+	crowbar.Snapshot
 	Annealer      map[string]any `json:"annealer"`
 	DeployChanges map[string]any `json:"deploy_changes"`
 }
@@ -85,7 +86,7 @@ type commitAnswer struct {
 // checking that the commit woke the annealer.
 func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...string) commitAnswer {
 	t.Helper()
-	var snap models.Snapshot
+	var snap crowbar.Snapshot
 	status, body := st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/propose", nil, &snap)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	for _, b := range bindings {
@@ -98,7 +99,7 @@ func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...str
 	var committed commitAnswer
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/commit", nil, &committed)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	require.Equal(t, models.SnapshotCommitted, committed.State)
+	require.Equal(t, crowbar.SnapshotCommitted, committed.State)
 	require.Equal(t, map[string]any{"woken": true}, committed.Annealer, "%s", body)
 	require.Equal(t, snap.ID, committed.ID)
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/"+deployment+"/snapshots/commit", nil, nil)
@@ -108,7 +109,7 @@ func bindAll(t *testing.T, st *testenv.Stack, deployment string, bindings ...str
 }
 
 // before asserts that run a finished before run b started.
-func before(t *testing.T, a, b models.NodeRole) {
+func before(t *testing.T, a, b crowbar.NodeRole) {
 	t.Helper()
 	require.NotNil(t, a.LastRun, "%s@%s has a run", a.RoleName, a.NodeName)
 	require.NotNil(t, b.LastRun, "%s@%s has a run", b.RoleName, b.NodeName)
@@ -221,11 +222,11 @@ func TestAnnealerGrowsTheSampleDeployment(t *testing.T) {
 		"annealer":       contract.AnnealerWorkflowID(st.TaskQueue),
 	})
 	// The old snapshot is archived, one linear history.
-	var hist []models.Snapshot
+	var hist []crowbar.Snapshot
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/sample/snapshots", nil, &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 3)
-	assert.Equal(t, []string{models.SnapshotArchived, models.SnapshotArchived, models.SnapshotCommitted},
+	assert.Equal(t, []string{crowbar.SnapshotArchived, crowbar.SnapshotArchived, crowbar.SnapshotCommitted},
 		[]string{hist[0].State, hist[1].State, hist[2].State})
 }
 

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -122,7 +123,7 @@ func (s *Server) getDeployment(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	counts, err := s.cfg.Store.NodeRoleCounts(c.Request().Context(), dep.ID)
+	counts, err := s.crowbar.NodeRoleCounts(c.Request().Context(), dep.ID)
 	if err != nil {
 		return err
 	}
@@ -202,12 +203,12 @@ func (r *ref) UnmarshalJSON(b []byte) error {
 }
 
 type executeRequest struct {
-	Deployment       ref                   `json:"deployment"`
-	Graphs           []models.GraphRequest `json:"graphs"`
-	DryRun           bool                  `json:"dry_run"`
-	Force            bool                  `json:"force"`
-	MaxNodesInFlight int                   `json:"max_nodes_in_flight"`
-	FailureThreshold *int                  `json:"failure_threshold"`
+	Deployment       ref                 `json:"deployment"`
+	Graphs           []fuel.GraphRequest `json:"graphs"`
+	DryRun           bool                `json:"dry_run"`
+	Force            bool                `json:"force"`
+	MaxNodesInFlight int                 `json:"max_nodes_in_flight"`
+	FailureThreshold *int                `json:"failure_threshold"`
 
 	// The flags of `fuel2 graph execute`, mapped onto graphs: --env
 	// (cluster), --graph-types, --nodes, --task-names.
@@ -219,8 +220,8 @@ type executeRequest struct {
 
 // toInput maps the request, including its fuel2-style flags, onto one
 // execute input.
-func (r executeRequest) toInput() (models.ExecuteInput, error) {
-	in := models.ExecuteInput{Deployment: string(r.Deployment), Graphs: r.Graphs, DryRun: r.DryRun, Force: r.Force,
+func (r executeRequest) toInput() (fuel.ExecuteInput, error) {
+	in := fuel.ExecuteInput{Deployment: string(r.Deployment), Graphs: r.Graphs, DryRun: r.DryRun, Force: r.Force,
 		MaxNodesInFlight: r.MaxNodesInFlight, FailureThreshold: r.FailureThreshold}
 	if r.Cluster != "" {
 		if in.Deployment != "" {
@@ -240,7 +241,7 @@ func (r executeRequest) toInput() (models.ExecuteInput, error) {
 		types = []string{"deployment"} // fuel2's default graph type
 	}
 	for _, typ := range types {
-		in.Graphs = append(in.Graphs, models.GraphRequest{Type: typ, Nodes: r.Nodes, Tasks: r.TaskNames})
+		in.Graphs = append(in.Graphs, fuel.GraphRequest{Type: typ, Nodes: r.Nodes, Tasks: r.TaskNames})
 	}
 	return in, nil
 }
@@ -277,7 +278,7 @@ func (s *Server) getTransaction(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	st, err := s.cfg.Store.TransactionStatus(c.Request().Context(), id)
+	st, err := s.fuel.TransactionStatus(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -292,11 +293,11 @@ func (s *Server) listRuns(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	f := models.RunFilter{Node: c.QueryParam("node"), State: c.QueryParam("state")}
+	f := fuel.RunFilter{Node: c.QueryParam("node"), State: c.QueryParam("state")}
 	if f.State != "" && !contains(runStates, f.State) {
 		return &models.InputError{Status: http.StatusBadRequest, Field: "state", Reason: fmt.Sprintf("%q is not one of %s", f.State, strings.Join(runStates, ", "))}
 	}
-	runs, err := s.cfg.Store.Runs(c.Request().Context(), id, f)
+	runs, err := s.fuel.Runs(c.Request().Context(), id, f)
 	if err != nil {
 		return err
 	}

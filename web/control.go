@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 )
 
 // stopTransaction is POST /transactions/:uuid/stop: it cancels the
@@ -21,7 +22,7 @@ func (s *Server) stopTransaction(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	txn, err := s.cfg.Store.Transaction(ctx, id)
+	txn, err := s.fuel.Transaction(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -45,7 +46,7 @@ func (s *Server) retryTransaction(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	txn, err := s.cfg.Store.ReopenTransaction(ctx, id, func(txn *models.Transaction) error {
+	txn, err := s.fuel.ReopenTransaction(ctx, id, func(txn *fuel.Transaction) error {
 		// The transaction row says it ended a moment before its workflow
 		// closes: wait for the previous run to close first.
 		closing, cancel := context.WithTimeout(ctx, 10*time.Second)

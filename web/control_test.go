@@ -15,6 +15,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -141,7 +142,7 @@ func TestFuelClientFlags(t *testing.T) {
 		"nodes": []int64{node.ID}, "dry_run": true})
 	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
 	require.Equal(t, models.TxReady, tx.Status, tx.Error)
-	assert.Equal(t, []models.GraphRequest{
+	assert.Equal(t, []fuel.GraphRequest{
 		{Type: "deployment", Nodes: []int64{node.ID}},
 		{Type: "fixable", Nodes: []int64{node.ID}},
 	}, tx.Graphs)

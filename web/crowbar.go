@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 )
 
 // crowbarRoutes registers the Crowbar model's read side and its
@@ -45,7 +46,7 @@ func (s *Server) getRole(c echo.Context) error {
 
 // listNodeRoles is GET /noderoles?deployment=&snapshot=&node=&role=&state=.
 func (s *Server) listNodeRoles(c echo.Context) error {
-	f := models.NodeRoleFilter{Deployment: c.QueryParam("deployment"), Node: c.QueryParam("node"),
+	f := crowbar.NodeRoleFilter{Deployment: c.QueryParam("deployment"), Node: c.QueryParam("node"),
 		Role: c.QueryParam("role"), State: c.QueryParam("state")}
 	if raw := c.QueryParam("snapshot"); raw != "" {
 		id, err := strconv.ParseInt(raw, 10, 64)
@@ -54,7 +55,7 @@ func (s *Server) listNodeRoles(c echo.Context) error {
 		}
 		f.Snapshot = id
 	}
-	nrs, err := s.cfg.Store.NodeRoles(c.Request().Context(), f)
+	nrs, err := s.crowbar.NodeRoles(c.Request().Context(), f)
 	if err != nil {
 		return err
 	}
@@ -62,7 +63,7 @@ func (s *Server) listNodeRoles(c echo.Context) error {
 }
 
 func (s *Server) listDeploymentRoles(c echo.Context) error {
-	drs, err := s.cfg.Store.DeploymentRoles(c.Request().Context(), c.Param("id"))
+	drs, err := s.crowbar.DeploymentRoles(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -70,7 +71,7 @@ func (s *Server) listDeploymentRoles(c echo.Context) error {
 }
 
 func (s *Server) getDeploymentRole(c echo.Context) error {
-	dr, err := s.cfg.Store.DeploymentRole(c.Request().Context(), c.Param("id"), c.Param("role"))
+	dr, err := s.crowbar.DeploymentRole(c.Request().Context(), c.Param("id"), c.Param("role"))
 	if err != nil {
 		return err
 	}
@@ -95,7 +96,7 @@ func (s *Server) putDeploymentRole(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	dr, created, err := s.cfg.Store.SetDeploymentRole(c.Request().Context(), c.Param("id"), c.Param("role"), data)
+	dr, created, err := s.crowbar.SetDeploymentRole(c.Request().Context(), c.Param("id"), c.Param("role"), data)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -96,11 +97,11 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	// the store: committing through the API would start deploy-changes,
 	// whose end wakes the annealer, which fails a noderole the test put in
 	// transition (it has no run workflow).
-	var hist []models.Snapshot
+	var hist []crowbar.Snapshot
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crowd/snapshots", nil, &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 1)
-	var snap models.Snapshot
+	var snap crowbar.Snapshot
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/crowd/snapshots/propose", nil, &snap)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	for _, b := range [][2]string{{"c1", "db"}, {"c2", "cache"}} {
@@ -111,15 +112,15 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	_, err := st.Store.CommitSnapshot(ctx, snap.ID)
 	require.NoError(t, err)
 
-	list := func(query string) []models.NodeRole {
+	list := func(query string) []crowbar.NodeRole {
 		t.Helper()
-		var nrs []models.NodeRole
+		var nrs []crowbar.NodeRole
 		status, body := st.Do(t, http.MethodGet, "/api/v1/noderoles"+query, nil, &nrs)
 		require.Equal(t, http.StatusOK, status, "%s: %s", query, body)
 		require.NotNil(t, nrs, "%s: [] rather than null", query)
 		return nrs
 	}
-	keys := func(nrs []models.NodeRole) []string {
+	keys := func(nrs []crowbar.NodeRole) []string {
 		out := make([]string, len(nrs))
 		for i, nr := range nrs {
 			out[i] = nr.RoleName + "@" + nr.NodeName
@@ -157,7 +158,7 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	plan, err := st.Store.PrepareNodeRoleRun(ctx, byDep[0].ID, 1)
 	require.NoError(t, err)
 	require.Empty(t, plan.Skip)
-	var nr models.NodeRole
+	var nr crowbar.NodeRole
 	status, body = st.Do(t, http.MethodGet, path, nil, &nr)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, contract.NodeRoleTransition, nr.State)
@@ -180,13 +181,13 @@ func TestCrowbarRESTDeploymentRoles(t *testing.T) {
 	_, _, err := st.Store.CreateNode(ctx, models.NodeInput{Name: nodeName("c1"), Deployment: "crowd"}, false)
 	require.NoError(t, err)
 
-	var drs []models.DeploymentRoleView
+	var drs []crowbar.DeploymentRoleView
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crowd/roles", nil, &drs)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, "[]", string(bytes.TrimSpace(body)))
 
 	// Binding db seeds the defaults of db and base.
-	var snap models.Snapshot
+	var snap crowbar.Snapshot
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/crowd/snapshots/propose", nil, &snap)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/noderoles", snap.ID),
@@ -199,7 +200,7 @@ func TestCrowbarRESTDeploymentRoles(t *testing.T) {
 	assert.Equal(t, map[string]any{"ntp": "pool"}, drs[0].Data)
 	assert.Equal(t, "db", drs[1].Role)
 
-	var dr models.DeploymentRoleView
+	var dr crowbar.DeploymentRoleView
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crowd/roles/db", nil, &dr)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, map[string]any{"port": float64(5432)}, dr.Data)
@@ -216,7 +217,7 @@ func TestCrowbarRESTDeploymentRoles(t *testing.T) {
 	// PUT creates (201), then replaces (200).
 	put := "/api/v1/deployments/crowd/roles/cache"
 	// (A fresh variable per answer: decoding into a used map merges.)
-	var created, replaced models.DeploymentRoleView
+	var created, replaced crowbar.DeploymentRoleView
 	status, body = st.Do(t, http.MethodPut, put, map[string]any{"data": map[string]any{"size": 1, "mode": "lru"}}, &created)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	assert.Equal(t, "cache", created.Role)
@@ -239,13 +240,13 @@ func TestCrowbarRESTDeploymentRoles(t *testing.T) {
 	expectInvalid(t, st, http.MethodPut, "/api/v1/deployments/crowd/roles/nosuch", map[string]any{"data": map[string]any{}}, "role")
 	status, _ = st.Do(t, http.MethodPut, "/api/v1/deployments/ghost/roles/cache", map[string]any{"data": map[string]any{}}, nil)
 	assert.Equal(t, http.StatusNotFound, status)
-	var after models.DeploymentRoleView
+	var after crowbar.DeploymentRoleView
 	status, body = st.Do(t, http.MethodGet, put, nil, &after)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, map[string]any{"size": float64(2)}, after.Data)
 
 	// A new binding is seeded from the defaults.
-	var nr models.NodeRole
+	var nr crowbar.NodeRole
 	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/noderoles", snap.ID),
 		map[string]any{"node": nodeName("c1"), "role": "cache"}, &nr)
 	require.Equal(t, http.StatusCreated, status, "%s", body)

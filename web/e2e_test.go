@@ -21,6 +21,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -197,11 +198,11 @@ func execute(t *testing.T, st *testenv.Stack, body any) executeAnswer {
 }
 
 // waitDone polls the transaction until it leaves pending/running.
-func waitDone(t *testing.T, st *testenv.Stack, id string, within time.Duration) models.TransactionStatus {
+func waitDone(t *testing.T, st *testenv.Stack, id string, within time.Duration) fuel.TransactionStatus {
 	t.Helper()
-	var tx models.TransactionStatus
+	var tx fuel.TransactionStatus
 	require.Eventually(t, func() bool {
-		tx = models.TransactionStatus{}
+		tx = fuel.TransactionStatus{}
 		status, _ := st.Do(t, http.MethodGet, "/api/v1/transactions/"+id, nil, &tx)
 		return status == http.StatusOK && tx.Status != models.TxPending && tx.Status != models.TxRunning
 	}, within, 100*time.Millisecond, "transaction %s did not finish", id)
@@ -425,7 +426,7 @@ graphs:
 		})
 	}
 	var count int64
-	require.NoError(t, st.Store.DB.Model(&models.Transaction{}).Count(&count).Error)
+	require.NoError(t, st.Store.DB.Model(&fuel.Transaction{}).Count(&count).Error)
 	assert.Zero(t, count, "a refused request wrote a transaction")
 	require.NoError(t, st.Store.DB.Model(&models.TaskRun{}).Count(&count).Error)
 	assert.Zero(t, count, "a refused request wrote runs")
@@ -462,7 +463,7 @@ func TestRetryWithTemporalReset(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		var cur models.TransactionStatus
+		var cur fuel.TransactionStatus
 		st.Do(t, http.MethodGet, "/api/v1/transactions/"+ans.TaskUUID, nil, &cur)
 		return cur.Status == models.TxReady
 	}, 30*time.Second, 100*time.Millisecond)

@@ -5,7 +5,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/plan"
 )
 
@@ -20,12 +20,12 @@ func (s *Server) graphRoutes(admin *echo.Group) {
 	admin.DELETE("/deployments/:id/plugins/:plugin", s.disablePlugin)
 
 	for _, level := range []struct{ prefix, kind string }{
-		{"/releases", models.OwnerRelease},
-		{"/plugins", models.OwnerPlugin},
-		{"/deployments", models.OwnerDeployment},
+		{"/releases", fuel.OwnerRelease},
+		{"/plugins", fuel.OwnerPlugin},
+		{"/deployments", fuel.OwnerDeployment},
 	} {
 		one := level.prefix + "/:id/graphs/:type"
-		if level.kind != models.OwnerDeployment {
+		if level.kind != fuel.OwnerDeployment {
 			admin.GET(level.prefix+"/:id/graphs", s.listOwnGraphs(level.kind))
 		}
 		admin.GET(one, s.getOwnGraph(level.kind))
@@ -40,7 +40,7 @@ func (s *Server) graphRoutes(admin *echo.Group) {
 }
 
 func (s *Server) listPlugins(c echo.Context) error {
-	plugins, err := s.cfg.Store.Plugins(c.Request().Context())
+	plugins, err := s.fuel.Plugins(c.Request().Context())
 	if err != nil {
 		return err
 	}
@@ -48,11 +48,11 @@ func (s *Server) listPlugins(c echo.Context) error {
 }
 
 func (s *Server) createPlugin(c echo.Context) error {
-	var req models.PluginInput
+	var req fuel.PluginInput
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	p, err := s.cfg.Store.CreatePlugin(c.Request().Context(), req)
+	p, err := s.fuel.CreatePlugin(c.Request().Context(), req)
 	if err != nil {
 		return err
 	}
@@ -60,7 +60,7 @@ func (s *Server) createPlugin(c echo.Context) error {
 }
 
 func (s *Server) getPlugin(c echo.Context) error {
-	p, err := s.cfg.Store.Plugin(c.Request().Context(), c.Param("id"))
+	p, err := s.fuel.Plugin(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -70,7 +70,7 @@ func (s *Server) getPlugin(c echo.Context) error {
 // listDeploymentPlugins lists the plugins a deployment enables, in the order
 // their graphs merge.
 func (s *Server) listDeploymentPlugins(c echo.Context) error {
-	plugins, err := s.cfg.Store.DeploymentPlugins(c.Request().Context(), c.Param("id"))
+	plugins, err := s.fuel.DeploymentPlugins(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -78,27 +78,27 @@ func (s *Server) listDeploymentPlugins(c echo.Context) error {
 }
 
 func (s *Server) enablePlugin(c echo.Context) error {
-	if err := s.cfg.Store.EnablePlugin(c.Request().Context(), c.Param("id"), c.Param("plugin")); err != nil {
+	if err := s.fuel.EnablePlugin(c.Request().Context(), c.Param("id"), c.Param("plugin")); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
 func (s *Server) disablePlugin(c echo.Context) error {
-	if err := s.cfg.Store.DisablePlugin(c.Request().Context(), c.Param("id"), c.Param("plugin")); err != nil {
+	if err := s.fuel.DisablePlugin(c.Request().Context(), c.Param("id"), c.Param("plugin")); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
-func owner(kind string, c echo.Context) models.GraphOwner {
-	return models.GraphOwner{Kind: kind, Ref: c.Param("id")}
+func owner(kind string, c echo.Context) fuel.GraphOwner {
+	return fuel.GraphOwner{Kind: kind, Ref: c.Param("id")}
 }
 
 // listOwnGraphs lists a release's or plugin's own graphs.
 func (s *Server) listOwnGraphs(kind string) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		own, err := s.cfg.Store.OwnGraphs(c.Request().Context(), owner(kind, c))
+		own, err := s.fuel.OwnGraphs(c.Request().Context(), owner(kind, c))
 		if err != nil {
 			return err
 		}
@@ -114,11 +114,11 @@ func (s *Server) listDeploymentGraphs(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	own, err := s.cfg.Store.OwnGraphs(ctx, models.GraphOwner{Kind: models.OwnerDeployment, Ref: c.Param("id")})
+	own, err := s.fuel.OwnGraphs(ctx, fuel.GraphOwner{Kind: fuel.OwnerDeployment, Ref: c.Param("id")})
 	if err != nil {
 		return err
 	}
-	types, err := s.cfg.Store.GraphTypes(ctx, dep)
+	types, err := s.fuel.GraphTypes(ctx, dep)
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ func (s *Server) listDeploymentGraphs(c echo.Context) error {
 // getOwnGraph returns the owner's own graph of a type, not merged.
 func (s *Server) getOwnGraph(kind string) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		g, err := s.cfg.Store.OwnGraph(c.Request().Context(), owner(kind, c), c.Param("type"))
+		g, err := s.fuel.OwnGraph(c.Request().Context(), owner(kind, c), c.Param("type"))
 		if err != nil {
 			return err
 		}
@@ -140,24 +140,24 @@ func (s *Server) getOwnGraph(kind string) echo.HandlerFunc {
 // PATCH (merge; 404 if none) of an owner's graph.
 func (s *Server) writeGraph(kind, method string) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		var req models.GraphInput
+		var req fuel.GraphInput
 		if err := bindStrict(c, &req); err != nil {
 			return err
 		}
 		ctx, o, typ := c.Request().Context(), owner(kind, c), c.Param("type")
 		var (
-			g       *models.Graph
+			g       *fuel.Graph
 			created bool
 			err     error
 		)
 		switch method {
 		case http.MethodPost:
-			g, err = s.cfg.Store.CreateGraph(ctx, o, typ, req)
+			g, err = s.fuel.CreateGraph(ctx, o, typ, req)
 			created = true
 		case http.MethodPut:
-			g, created, err = s.cfg.Store.ReplaceGraph(ctx, o, typ, req)
+			g, created, err = s.fuel.ReplaceGraph(ctx, o, typ, req)
 		default:
-			g, err = s.cfg.Store.PatchGraph(ctx, o, typ, req)
+			g, err = s.fuel.PatchGraph(ctx, o, typ, req)
 		}
 		if err != nil {
 			return err
@@ -172,7 +172,7 @@ func (s *Server) writeGraph(kind, method string) echo.HandlerFunc {
 
 func (s *Server) deleteGraph(kind string) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if err := s.cfg.Store.DeleteGraph(c.Request().Context(), owner(kind, c), c.Param("type")); err != nil {
+		if err := s.fuel.DeleteGraph(c.Request().Context(), owner(kind, c), c.Param("type")); err != nil {
 			return err
 		}
 		return c.NoContent(http.StatusNoContent)
@@ -187,7 +187,7 @@ func (s *Server) getMergedGraph(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	graph, err := s.cfg.Store.ExecutableGraph(ctx, dep, c.Param("type"))
+	graph, err := s.fuel.ExecutableGraph(ctx, dep, c.Param("type"))
 	if err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func (s *Server) getGraphDOT(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := s.cfg.Store.PlanPreview(ctx, dep, c.Param("type"))
+	p, err := s.fuel.PlanPreview(ctx, dep, c.Param("type"))
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/dev/testenv"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/plan"
 )
 
@@ -97,19 +97,19 @@ func graphOK(t *testing.T, st *testenv.Stack, method, path string, body any, sta
 func graphRows(t *testing.T, st *testenv.Stack) int64 {
 	t.Helper()
 	var n int64
-	require.NoError(t, st.Store.DB.Model(&models.Graph{}).Count(&n).Error)
+	require.NoError(t, st.Store.DB.Model(&fuel.Graph{}).Count(&n).Error)
 	return n
 }
 
 // graphView calls the API expecting status and a graph, decoded afresh.
-func graphView(t *testing.T, st *testenv.Stack, method, path string, body any, status int) models.GraphView {
+func graphView(t *testing.T, st *testenv.Stack, method, path string, body any, status int) fuel.GraphView {
 	t.Helper()
-	var g models.GraphView
+	var g fuel.GraphView
 	graphOK(t, st, method, path, body, status, &g)
 	return g
 }
 
-func graphTaskIDs(g models.GraphView) []string {
+func graphTaskIDs(g fuel.GraphView) []string {
 	ids := make([]string, len(g.Tasks))
 	for i, task := range g.Tasks {
 		ids[i] = task.ID
@@ -118,14 +118,14 @@ func graphTaskIDs(g models.GraphView) []string {
 }
 
 type graphListing struct {
-	Own       []models.GraphSummary `json:"own"`
-	Available []string              `json:"available"`
+	Own       []fuel.GraphSummary `json:"own"`
+	Available []string            `json:"available"`
 }
 
 func TestPluginAPI(t *testing.T) {
 	t.Parallel()
 	st := testenv.NewStack(t, testenv.Options{})
-	var lma models.Plugin
+	var lma fuel.Plugin
 	graphOK(t, st, http.MethodPost, "/api/v1/plugins", map[string]string{"name": "lma", "version": "1.0.0", "title": "LMA collector"}, http.StatusCreated, &lma)
 	assert.Equal(t, "lma", lma.Name)
 	assert.Equal(t, "1.0.0", lma.Version)
@@ -137,12 +137,12 @@ func TestPluginAPI(t *testing.T) {
 	graphRefused(t, st, http.MethodPost, "/api/v1/plugins", map[string]string{"name": "has space", "version": "1"}, http.StatusUnprocessableEntity, "name")
 	graphRefused(t, st, http.MethodPost, "/api/v1/plugins", map[string]string{"name": "x"}, http.StatusUnprocessableEntity, "version")
 	graphRefused(t, st, http.MethodPost, "/api/v1/plugins", map[string]any{"name": "x", "version": "1", "colour": 1}, http.StatusBadRequest, "colour")
-	var all []models.Plugin
+	var all []fuel.Plugin
 	graphOK(t, st, http.MethodGet, "/api/v1/plugins", nil, http.StatusOK, &all)
 	require.Len(t, all, 1, "refused requests create nothing")
 
 	graphOK(t, st, http.MethodPost, "/api/v1/plugins", map[string]string{"name": "lma", "version": "2.0.0"}, http.StatusCreated, nil)
-	var got models.Plugin
+	var got fuel.Plugin
 	graphOK(t, st, http.MethodGet, fmt.Sprintf("/api/v1/plugins/%d", lma.ID), nil, http.StatusOK, &got)
 	assert.Equal(t, "1.0.0", got.Version)
 	graphOK(t, st, http.MethodGet, "/api/v1/plugins/lma", nil, http.StatusOK, &got)
@@ -157,7 +157,7 @@ func TestPluginAPI(t *testing.T) {
 	graphOK(t, st, http.MethodPut, "/api/v1/deployments/d1/plugins/lma@1.0.0", nil, http.StatusNoContent, nil)
 	graphRefused(t, st, http.MethodPut, "/api/v1/deployments/d1/plugins/nope", nil, http.StatusNotFound, "")
 	graphRefused(t, st, http.MethodPut, "/api/v1/deployments/nope/plugins/lma", nil, http.StatusNotFound, "")
-	var enabled []models.Plugin
+	var enabled []fuel.Plugin
 	graphOK(t, st, http.MethodGet, "/api/v1/deployments/d1/plugins", nil, http.StatusOK, &enabled)
 	require.Len(t, enabled, 1)
 	assert.Equal(t, lma.ID, enabled[0].ID)
@@ -173,13 +173,13 @@ func TestGraphCRUDEachLevel(t *testing.T) {
 	t.Parallel()
 	st := testenv.NewStack(t, testenv.Options{})
 	graphsSetup(t, st, nil)
-	var plugin models.Plugin
+	var plugin fuel.Plugin
 	graphOK(t, st, http.MethodPost, "/api/v1/plugins", map[string]string{"name": "lma", "version": "1"}, http.StatusCreated, &plugin)
 
 	for _, owner := range []string{"/api/v1/releases/levels", fmt.Sprintf("/api/v1/plugins/%d", plugin.ID), "/api/v1/deployments/d1"} {
 		t.Run(strings.Split(owner, "/")[3], func(t *testing.T) {
 			base := owner + "/graphs/"
-			ownList := func() []models.GraphSummary {
+			ownList := func() []fuel.GraphSummary {
 				var l graphListing
 				graphOK(t, st, http.MethodGet, owner+"/graphs", nil, http.StatusOK, &l)
 				return l.Own
@@ -212,7 +212,7 @@ func TestGraphCRUDEachLevel(t *testing.T) {
 				"name": "first", "metadata": map[string]any{"a": 1},
 				"tasks": []any{map[string]any{"id": "probe", "tags": []string{"api"}, "parameters": map[string]any{"cmd": "echo probe"}}},
 			}, http.StatusCreated)
-			assert.Equal(t, models.GraphView{
+			assert.Equal(t, fuel.GraphView{
 				Type: "custom", Name: "first", Metadata: map[string]any{"a": 1.0}, Tasks: g.Tasks,
 			}, g)
 			assert.Equal(t, []string{"probe"}, graphTaskIDs(g))
@@ -254,23 +254,23 @@ func TestGraphCRUDEachLevel(t *testing.T) {
 			assert.Equal(t, []string{"probe"}, g.Tasks[1].Requires)
 
 			// A graph read back can be written back.
-			var again models.GraphView
+			var again fuel.GraphView
 			graphOK(t, st, http.MethodPut, base+"custom", g, http.StatusOK, &again)
 			assert.Equal(t, g, again)
 
 			// Put replaces the whole graph, or creates one.
 			g = graphView(t, st, http.MethodPut, base+"custom", map[string]any{"tasks": []any{map[string]any{"id": "only"}}}, http.StatusOK)
-			assert.Equal(t, models.GraphView{Type: "custom", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "only"}}}, g)
+			assert.Equal(t, fuel.GraphView{Type: "custom", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "only"}}}, g)
 			g = graphView(t, st, http.MethodPut, base+"custom-2", map[string]any{"name": "second"}, http.StatusCreated)
 			assert.Equal(t, "second", g.Name)
 			assert.Empty(t, g.Tasks)
 
-			listed := map[string]models.GraphSummary{}
+			listed := map[string]fuel.GraphSummary{}
 			for _, s := range ownList() {
 				listed[s.Type] = s
 			}
-			assert.Equal(t, models.GraphSummary{Type: "custom", TaskCount: 1}, listed["custom"])
-			assert.Equal(t, models.GraphSummary{Type: "custom-2", Name: "second"}, listed["custom-2"])
+			assert.Equal(t, fuel.GraphSummary{Type: "custom", TaskCount: 1}, listed["custom"])
+			assert.Equal(t, fuel.GraphSummary{Type: "custom-2", Name: "second"}, listed["custom-2"])
 			assert.Len(t, listed, len(before)+2)
 
 			graphOK(t, st, http.MethodDelete, base+"custom", nil, http.StatusNoContent, nil)
@@ -335,12 +335,12 @@ func TestGraphMergeAndDOT(t *testing.T) {
 	}, http.StatusUnprocessableEntity, "tasks")
 	assert.Contains(t, bad.Error.Message, `deployment "d1"`)
 
-	var own models.GraphView
+	var own fuel.GraphView
 	graphOK(t, st, http.MethodGet, "/api/v1/deployments/d1/graphs/deployment", nil, http.StatusOK, &own)
 	assert.Equal(t, "d1 tweaks", own.Name)
 	assert.Equal(t, []string{"database"}, graphTaskIDs(own), "the deployment's own graph, not merged")
 
-	var merged models.ResolvedGraph
+	var merged fuel.ResolvedGraph
 	graphOK(t, st, http.MethodGet, "/api/v1/deployments/d1/graphs/deployment/tasks", nil, http.StatusOK, &merged)
 	cmds := map[string]string{}
 	var ids []string
@@ -358,7 +358,7 @@ func TestGraphMergeAndDOT(t *testing.T) {
 
 	var listing graphListing
 	graphOK(t, st, http.MethodGet, "/api/v1/deployments/d1/graphs", nil, http.StatusOK, &listing)
-	assert.Equal(t, []models.GraphSummary{{Type: "deployment", Name: "d1 tweaks", TaskCount: 1}}, listing.Own)
+	assert.Equal(t, []fuel.GraphSummary{{Type: "deployment", Name: "d1 tweaks", TaskCount: 1}}, listing.Own)
 	// The built-in provision, verification and deletion graphs are always available.
 	assert.Equal(t, []string{"deletion", "deployment", "lma-check", "provision", "verification"}, listing.Available)
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 )
 
 // redundantRelease has two redundant requirements: web requires base and
@@ -77,7 +78,7 @@ func TestImportReleaseAPIWarningsAndBindings(t *testing.T) {
 	snap, err := st.Store.ProposeSnapshot(ctx, "red")
 	require.NoError(t, err)
 	for _, role := range []string{"base", "db"} {
-		_, _, err = st.Store.BindRole(ctx, snap.ID, models.BindInput{Node: nodeName("r1"), Role: role})
+		_, _, err = st.Store.BindRole(ctx, snap.ID, crowbar.BindInput{Node: nodeName("r1"), Role: role})
 		require.NoError(t, err)
 	}
 	dropped := strings.Replace(strings.Replace(clean, "  db: {requires: [base]}\n", "", 1), "requires: [db]", "requires: [base]", 1)

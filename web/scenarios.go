@@ -6,7 +6,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 )
 
 // scenarioRoutes registers the scenario routes: named, ordered acts (graph
@@ -23,12 +23,12 @@ func (s *Server) scenarioRoutes(admin *echo.Group) {
 // listScenarios is GET /scenarios: every scenario with its acts, as the
 // seed's response ([{"id", "name", "scenario": [...]}, ...]).
 func (s *Server) listScenarios(c echo.Context) error {
-	list, err := s.cfg.Store.Scenarios(c.Request().Context())
+	list, err := s.fuel.Scenarios(c.Request().Context())
 	if err != nil {
 		return err
 	}
 	if list == nil {
-		list = []models.Scenario{}
+		list = []fuel.Scenario{}
 	}
 	return c.JSON(http.StatusOK, list)
 }
@@ -37,11 +37,11 @@ func (s *Server) listScenarios(c echo.Context) error {
 // [{"graph_type", "nodes", "max_nodes_in_flight", "failure_threshold"}]}.
 // A bad node expression is refused with its line and column.
 func (s *Server) createScenario(c echo.Context) error {
-	var req models.ScenarioInput
+	var req fuel.ScenarioInput
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	sc, err := s.cfg.Store.CreateScenario(c.Request().Context(), req)
+	sc, err := s.fuel.CreateScenario(c.Request().Context(), req)
 	if err != nil {
 		return err
 	}
@@ -49,7 +49,7 @@ func (s *Server) createScenario(c echo.Context) error {
 }
 
 func (s *Server) getScenario(c echo.Context) error {
-	sc, err := s.cfg.Store.Scenario(c.Request().Context(), c.Param("name"))
+	sc, err := s.fuel.Scenario(c.Request().Context(), c.Param("name"))
 	if err != nil {
 		return err
 	}
@@ -58,7 +58,7 @@ func (s *Server) getScenario(c echo.Context) error {
 
 // deleteScenario is DELETE /scenarios/:name; built-in scenarios are a 409.
 func (s *Server) deleteScenario(c echo.Context) error {
-	if err := s.cfg.Store.DeleteScenario(c.Request().Context(), c.Param("name")); err != nil {
+	if err := s.fuel.DeleteScenario(c.Request().Context(), c.Param("name")); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
@@ -80,7 +80,7 @@ func (s *Server) executeScenarioHandler(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	txn, sp, err := s.executeScenario(c.Request().Context(), c.Param("name"), models.ScenarioExecuteInput{
+	txn, sp, err := s.executeScenario(c.Request().Context(), c.Param("name"), fuel.ScenarioExecuteInput{
 		Deployment: string(req.Deployment), DryRun: req.DryRun, Force: req.Force,
 		MaxNodesInFlight: req.MaxNodesInFlight, FailureThreshold: req.FailureThreshold,
 	})
@@ -93,8 +93,8 @@ func (s *Server) executeScenarioHandler(c echo.Context) error {
 // executeScenario evaluates a scenario's acts over the deployment's nodes
 // and starts them as one transaction (one graph per act that selects a
 // node). Committing a snapshot should start "deploy-changes" through it.
-func (s *Server) executeScenario(ctx context.Context, name string, in models.ScenarioExecuteInput) (*models.Transaction, *models.ScenarioPlan, error) {
-	sp, err := s.cfg.Store.PrepareScenario(ctx, name, in)
+func (s *Server) executeScenario(ctx context.Context, name string, in fuel.ScenarioExecuteInput) (*fuel.Transaction, *fuel.ScenarioPlan, error) {
+	sp, err := s.fuel.PrepareScenario(ctx, name, in)
 	if err != nil {
 		return nil, nil, err
 	}

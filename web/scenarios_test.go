@@ -11,6 +11,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
@@ -36,10 +37,10 @@ func scenarioRefused(t *testing.T, st *testenv.Stack, method, path string, body 
 }
 
 type scenarioExecuteAnswer struct {
-	TaskUUID   string                `json:"task_uuid"`
-	WorkflowID string                `json:"workflow_id"`
-	Scenario   string                `json:"scenario"`
-	Acts       []models.ActSelection `json:"acts"`
+	TaskUUID   string              `json:"task_uuid"`
+	WorkflowID string              `json:"workflow_id"`
+	Scenario   string              `json:"scenario"`
+	Acts       []fuel.ActSelection `json:"acts"`
 }
 
 // nodeID looks a node's id up through the API.
@@ -61,7 +62,7 @@ func TestScenarioSelectedByExpression(t *testing.T) {
 	setup(t, st, map[string][]string{"ctl": {"controller"}, "cmp1": {"compute"}, "cmp2": {"compute"}})
 	ctlID := nodeID(t, st, nodeName("ctl"))
 
-	var sc models.Scenario
+	var sc fuel.Scenario
 	status, raw := st.Do(t, http.MethodPost, "/api/v1/scenarios", map[string]any{
 		"name": "computes-then-controller", "description": "compute nodes first",
 		"scenario": []map[string]any{
@@ -122,7 +123,7 @@ func TestScenarioSelectedByExpression(t *testing.T) {
 func TestScenarioAPI(t *testing.T) {
 	st := testenv.NewStack(t, testenv.Options{})
 	setup(t, st, map[string][]string{"ctl": {"controller"}})
-	require.NoError(t, models.EnsureBuiltinScenarios(context.Background(), st.Store, scenarios.Builtins()...))
+	require.NoError(t, fuel.EnsureBuiltinScenarios(context.Background(), st.Store, scenarios.Builtins()...))
 
 	body := map[string]any{"name": "mine", "scenario": []map[string]any{
 		{"graph_type": "deployment"},
@@ -173,7 +174,7 @@ func TestScenarioAPI(t *testing.T) {
 	require.Len(t, acts, 2)
 	assert.Equal(t, map[string]any{"expr": "node.status == 'discover'"}, acts[0].(map[string]any)["nodes"])
 	assert.Equal(t, "mine", list[1]["name"])
-	var one models.Scenario
+	var one fuel.Scenario
 	status, raw = st.Do(t, http.MethodGet, "/api/v1/scenarios/mine", nil, &one)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	require.Len(t, one.Acts, 2)
@@ -204,7 +205,7 @@ func TestScenarioAPI(t *testing.T) {
 	e = scenarioRefused(t, st, http.MethodPost, "/api/v1/scenarios/nobody/execute", map[string]any{"deployment": "d1"}, http.StatusUnprocessableEntity)
 	assert.Contains(t, e.Error.Message, "nothing to do")
 	var txCount int64
-	require.NoError(t, st.Store.DB.Model(&models.Transaction{}).Count(&txCount).Error)
+	require.NoError(t, st.Store.DB.Model(&fuel.Transaction{}).Count(&txCount).Error)
 	assert.Zero(t, txCount, "no refused call recorded a transaction")
 
 	// Deleting: a user scenario goes, a built-in one stays.

@@ -23,6 +23,8 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/audrey"
+	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/heat"
 )
 
@@ -46,12 +48,14 @@ type Server struct {
 	cfg Config
 	// The seeds' stores, over cfg.Store (the kernel): each handler file
 	// uses the store of its seed.
-	heat   *heat.Store
-	audrey *audrey.Store
-	echo   *echo.Echo
-	hub    *workHub
-	auth   authCache
-	log    *slog.Logger
+	fuel    *fuel.Store
+	crowbar *crowbar.Store
+	heat    *heat.Store
+	audrey  *audrey.Store
+	echo    *echo.Echo
+	hub     *workHub
+	auth    authCache
+	log     *slog.Logger
 }
 
 // New builds the API server and its routes.
@@ -62,7 +66,7 @@ func New(cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), log: cfg.Log,
-		heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
+		fuel: fuel.New(cfg.Store), crowbar: crowbar.New(cfg.Store), heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover())
 	e.Use(middleware.BodyLimit("2M"))

@@ -10,6 +10,8 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/fuel"
 )
 
 // snapshotRoutes registers the Crowbar model's routes: a deployment's
@@ -37,7 +39,7 @@ func numericID(c echo.Context, what string) (int64, error) {
 }
 
 func (s *Server) listSnapshots(c echo.Context) error {
-	snaps, err := s.cfg.Store.Snapshots(c.Request().Context(), c.Param("id"))
+	snaps, err := s.crowbar.Snapshots(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -45,11 +47,11 @@ func (s *Server) listSnapshots(c echo.Context) error {
 }
 
 func (s *Server) proposeSnapshot(c echo.Context) error {
-	snap, err := s.cfg.Store.ProposeSnapshot(c.Request().Context(), c.Param("id"))
+	snap, err := s.crowbar.ProposeSnapshot(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
-	full, err := s.cfg.Store.Snapshot(c.Request().Context(), snap.ID)
+	full, err := s.crowbar.Snapshot(c.Request().Context(), snap.ID)
 	if err != nil {
 		return err
 	}
@@ -61,12 +63,12 @@ func (s *Server) getSnapshot(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	snap, err := s.cfg.Store.Snapshot(c.Request().Context(), id)
+	snap, err := s.crowbar.Snapshot(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
 	if snap.NodeRoles == nil {
-		snap.NodeRoles = []models.NodeRole{}
+		snap.NodeRoles = []crowbar.NodeRole{}
 	}
 	return c.JSON(http.StatusOK, snap)
 }
@@ -74,7 +76,7 @@ func (s *Server) getSnapshot(c echo.Context) error {
 // commitProposed commits the deployment's proposed snapshot, whatever its
 // id: propose, bind, commit, all by the deployment's name.
 func (s *Server) commitProposed(c echo.Context) error {
-	snap, err := s.cfg.Store.ProposedSnapshot(c.Request().Context(), c.Param("id"))
+	snap, err := s.crowbar.ProposedSnapshot(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -92,11 +94,11 @@ func (s *Server) commitSnapshot(c echo.Context) error {
 // commit commits a snapshot, wakes the annealer and starts deploy-changes.
 func (s *Server) commit(c echo.Context, id int64) error {
 	ctx := c.Request().Context()
-	committed, err := s.cfg.Store.CommitSnapshot(ctx, id)
+	committed, err := s.crowbar.CommitSnapshot(ctx, id)
 	if err != nil {
 		return err
 	}
-	snap, err := s.cfg.Store.Snapshot(ctx, id)
+	snap, err := s.crowbar.Snapshot(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -106,7 +108,7 @@ func (s *Server) commit(c echo.Context, id int64) error {
 		annealer = map[string]any{"woken": true}
 	}
 	return c.JSON(http.StatusOK, struct {
-		*models.Snapshot
+		*crowbar.Snapshot
 		Annealer      map[string]any `json:"annealer"`
 		DeployChanges map[string]any `json:"deploy_changes"`
 	}{snap, annealer, s.deployChanges(ctx, snap.DeploymentID)})
@@ -119,7 +121,7 @@ func (s *Server) commit(c echo.Context, id int64) error {
 // start and how to start it by hand.
 func (s *Server) deployChanges(ctx context.Context, deploymentID int64) map[string]any {
 	dep := strconv.FormatInt(deploymentID, 10)
-	txn, _, err := s.executeScenario(ctx, models.DeployChangesScenario, models.ScenarioExecuteInput{Deployment: dep})
+	txn, _, err := s.executeScenario(ctx, fuel.DeployChangesScenario, fuel.ScenarioExecuteInput{Deployment: dep})
 	var ie *models.InputError
 	switch {
 	case err == nil:
@@ -129,7 +131,7 @@ func (s *Server) deployChanges(ctx context.Context, deploymentID int64) map[stri
 	default:
 		s.log.Error("deploy-changes did not start after a commit", "deployment", dep, "error", err)
 		return map[string]any{"error": err.Error(),
-			"hint": "start it with POST /api/v1/scenarios/" + models.DeployChangesScenario + "/execute {\"deployment\": " + dep + "}"}
+			"hint": "start it with POST /api/v1/scenarios/" + fuel.DeployChangesScenario + "/execute {\"deployment\": " + dep + "}"}
 	}
 }
 
@@ -149,7 +151,7 @@ func (s *Server) bindRole(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	nr, created, err := s.cfg.Store.BindRole(c.Request().Context(), id, models.BindInput{Node: string(req.Node), Role: string(req.Role)})
+	nr, created, err := s.crowbar.BindRole(c.Request().Context(), id, crowbar.BindInput{Node: string(req.Node), Role: string(req.Role)})
 	if err != nil {
 		return err
 	}
@@ -165,7 +167,7 @@ func (s *Server) getNodeRole(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	nr, err := s.cfg.Store.NodeRole(c.Request().Context(), id)
+	nr, err := s.crowbar.NodeRole(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -185,7 +187,7 @@ func (s *Server) updateNodeRole(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	nr, err := s.cfg.Store.UpdateNodeRole(c.Request().Context(), id, req.UserData)
+	nr, err := s.crowbar.UpdateNodeRole(c.Request().Context(), id, req.UserData)
 	if err != nil {
 		return err
 	}
@@ -197,7 +199,7 @@ func (s *Server) retryNodeRole(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	nr, err := s.cfg.Store.RetryNodeRole(c.Request().Context(), id)
+	nr, err := s.crowbar.RetryNodeRole(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/dev/testenv"
-	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -43,12 +44,12 @@ func TestSnapshotsAPI(t *testing.T) {
 		require.Equal(t, http.StatusOK, status, "%s", body)
 	}
 
-	var hist []models.Snapshot
+	var hist []crowbar.Snapshot
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crow/snapshots", nil, &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 1)
 	committed := hist[0]
-	assert.Equal(t, models.SnapshotCommitted, committed.State)
+	assert.Equal(t, crowbar.SnapshotCommitted, committed.State)
 
 	// Binding into the committed snapshot: 409 saying to propose first.
 	var errBody errorAnswer
@@ -58,26 +59,26 @@ func TestSnapshotsAPI(t *testing.T) {
 	require.NoError(t, jsonUnmarshal(body, &errBody))
 	assert.Contains(t, errBody.Error.Message, "propose")
 
-	var snap models.Snapshot
+	var snap crowbar.Snapshot
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/crow/snapshots/propose", nil, &snap)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
-	assert.Equal(t, models.SnapshotProposed, snap.State)
+	assert.Equal(t, crowbar.SnapshotProposed, snap.State)
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments/crow/snapshots/propose", nil, nil)
 	assert.Equal(t, http.StatusConflict, status, "%s", body)
 
 	bindPath := fmt.Sprintf("/api/v1/snapshots/%d/noderoles", snap.ID)
-	var db models.NodeRole
+	var db crowbar.NodeRole
 	status, body = st.Do(t, http.MethodPost, bindPath, map[string]any{"node": nodeName("a1"), "role": "db"}, &db)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	assert.Equal(t, contract.NodeRoleProposed, db.State)
 	assert.Equal(t, "db", db.RoleName)
 	assert.Equal(t, map[string]any{"port": float64(5432)}, db.UserData)
 	require.Len(t, db.Parents, 1, "base bound implicitly")
-	var again models.NodeRole
+	var again crowbar.NodeRole
 	status, body = st.Do(t, http.MethodPost, bindPath, map[string]any{"node": nodeName("a1"), "role": "db"}, &again)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, db.ID, again.ID)
-	var api models.NodeRole
+	var api crowbar.NodeRole
 	status, body = st.Do(t, http.MethodPost, bindPath, map[string]any{"node": nodeName("a2"), "role": "api"}, &api)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	assert.Equal(t, []int64{db.ID}, api.Parents)
@@ -104,7 +105,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, status)
 
 	// Edit user data in the proposed snapshot.
-	var edited models.NodeRole
+	var edited crowbar.NodeRole
 	status, body = st.Do(t, http.MethodPatch, fmt.Sprintf("/api/v1/noderoles/%d", db.ID), map[string]any{"user_data": map[string]any{"port": 6000}}, &edited)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, float64(6000), edited.UserData["port"])
@@ -112,7 +113,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	// Commit: the previous committed is archived; states todo / blocked.
 	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/commit", snap.ID), nil, &snap)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	assert.Equal(t, models.SnapshotCommitted, snap.State)
+	assert.Equal(t, crowbar.SnapshotCommitted, snap.State)
 	states := map[string]string{}
 	for _, nr := range snap.NodeRoles {
 		states[nr.RoleName] = nr.State
@@ -127,7 +128,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(body, &started), "%s", body)
 	require.NotEmpty(t, started.DeployChanges.TaskUUID, "%s", body)
-	var dc models.TransactionStatus
+	var dc fuel.TransactionStatus
 	status, body = st.Do(t, http.MethodGet, "/api/v1/transactions/"+started.DeployChanges.TaskUUID, nil, &dc)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.NotEmpty(t, dc.Graphs)
@@ -137,7 +138,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crow/snapshots", nil, &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 2)
-	assert.Equal(t, models.SnapshotArchived, hist[0].State)
+	assert.Equal(t, crowbar.SnapshotArchived, hist[0].State)
 
 	// Edits of the committed snapshot are refused.
 	status, body = st.Do(t, http.MethodPatch, fmt.Sprintf("/api/v1/noderoles/%d", db.ID), map[string]any{"user_data": map[string]any{}}, nil)
@@ -145,7 +146,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	assert.Contains(t, string(body), "propose")
 
 	// Noderoles: get, retry only from error.
-	var got models.NodeRole
+	var got crowbar.NodeRole
 	status, body = st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/noderoles/%d", api.ID), nil, &got)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, nodeName("a2"), got.NodeName)

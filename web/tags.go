@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 )
 
 // tagRoutes registers the tag routes: tags of releases and deployments, and
@@ -27,14 +28,14 @@ func (s *Server) tagRoutes(admin *echo.Group) {
 // listTags is GET /tags?release=<ref> or ?deployment=<ref> (exactly one): a
 // release's tags, or those a deployment sees (its release's and its own).
 func (s *Server) listTags(c echo.Context) error {
-	tags, err := s.cfg.Store.Tags(c.Request().Context(), models.TagScope{
+	tags, err := s.fuel.Tags(c.Request().Context(), fuel.TagScope{
 		Release: c.QueryParam("release"), Deployment: c.QueryParam("deployment"),
 	})
 	if err != nil {
 		return err
 	}
 	if tags == nil {
-		tags = []models.Tag{}
+		tags = []fuel.Tag{}
 	}
 	return c.JSON(http.StatusOK, tags)
 }
@@ -52,7 +53,7 @@ func (s *Server) createTag(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	tag, err := s.cfg.Store.CreateTag(c.Request().Context(), models.TagInput{
+	tag, err := s.fuel.CreateTag(c.Request().Context(), fuel.TagInput{
 		Name: req.Name, Release: string(req.Release), Deployment: string(req.Deployment),
 		HasPrimary: req.HasPrimary, Metadata: req.Metadata,
 	})
@@ -76,7 +77,7 @@ func (s *Server) getTag(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	tag, err := s.cfg.Store.Tag(c.Request().Context(), id)
+	tag, err := s.fuel.Tag(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -97,7 +98,7 @@ func (s *Server) updateTag(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	tag, err := s.cfg.Store.UpdateTag(c.Request().Context(), id, models.TagUpdate{HasPrimary: req.HasPrimary, Metadata: req.Metadata})
+	tag, err := s.fuel.UpdateTag(c.Request().Context(), id, fuel.TagUpdate{HasPrimary: req.HasPrimary, Metadata: req.Metadata})
 	if err != nil {
 		return err
 	}
@@ -111,7 +112,7 @@ func (s *Server) deleteTag(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out, err := s.cfg.Store.DeleteTag(c.Request().Context(), id)
+	out, err := s.fuel.DeleteTag(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -119,7 +120,7 @@ func (s *Server) deleteTag(c echo.Context) error {
 }
 
 func (s *Server) getNodeTags(c echo.Context) error {
-	view, err := s.cfg.Store.NodeTags(c.Request().Context(), c.Param("id"))
+	view, err := s.fuel.NodeTags(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ func (s *Server) assignNodeTags(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	view, err := s.cfg.Store.AssignTags(c.Request().Context(), c.Param("id"), req.Tags)
+	view, err := s.fuel.AssignTags(c.Request().Context(), c.Param("id"), req.Tags)
 	if err != nil {
 		return err
 	}
@@ -149,7 +150,7 @@ func (s *Server) unassignNodeTags(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	view, err := s.cfg.Store.UnassignTags(c.Request().Context(), c.Param("id"), req.Tags)
+	view, err := s.fuel.UnassignTags(c.Request().Context(), c.Param("id"), req.Tags)
 	if err != nil {
 		return err
 	}
@@ -159,7 +160,7 @@ func (s *Server) unassignNodeTags(c echo.Context) error {
 // checkDeployment is the pre-deployment check: mandatory tags no node holds
 // are warnings; deploying stays allowed.
 func (s *Server) checkDeployment(c echo.Context) error {
-	check, err := s.cfg.Store.CheckDeployment(c.Request().Context(), c.Param("id"))
+	check, err := s.fuel.CheckDeployment(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}

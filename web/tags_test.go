@@ -11,6 +11,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -92,21 +93,21 @@ func requireError(t *testing.T, st *testenv.Stack, method, path string, body any
 	return e
 }
 
-func listTags(t *testing.T, st *testenv.Stack, query string) map[string]models.Tag {
+func listTags(t *testing.T, st *testenv.Stack, query string) map[string]fuel.Tag {
 	t.Helper()
-	var tags []models.Tag
+	var tags []fuel.Tag
 	status, raw := st.Do(t, http.MethodGet, "/api/v1/tags?"+query, nil, &tags)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
-	out := map[string]models.Tag{}
+	out := map[string]fuel.Tag{}
 	for _, tag := range tags {
 		out[tag.Name] = tag
 	}
 	return out
 }
 
-func nodeTags(t *testing.T, st *testenv.Stack, node string) models.NodeTagView {
+func nodeTags(t *testing.T, st *testenv.Stack, node string) fuel.NodeTagView {
 	t.Helper()
-	var view models.NodeTagView
+	var view fuel.NodeTagView
 	status, raw := st.Do(t, http.MethodGet, "/api/v1/nodes/"+node+"/tags", nil, &view)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	return view
@@ -124,11 +125,11 @@ func TestTagCRUDAPI(t *testing.T) {
 	assert.Equal(t, []string{"controller"}, rel["mysql"].Roles)
 	assert.False(t, rel["ceph"].ReadOnly, "declared in tags_metadata only")
 
-	var swift models.Tag
+	var swift fuel.Tag
 	status, raw := st.Do(t, http.MethodPost, "/api/v1/tags",
 		map[string]any{"name": "swift", "deployment": "d1", "has_primary": true, "metadata": map[string]any{"replicas": 3}}, &swift)
 	require.Equal(t, http.StatusCreated, status, "%s", raw)
-	assert.Equal(t, models.OwnerDeployment, swift.OwnerKind)
+	assert.Equal(t, fuel.OwnerDeployment, swift.OwnerKind)
 	assert.Equal(t, map[string]any{"replicas": float64(3)}, swift.Metadata)
 
 	for _, bad := range []string{"", "two words", "swift:1", "primary-swift"} {
@@ -153,7 +154,7 @@ func TestTagCRUDAPI(t *testing.T) {
 	requireError(t, st, http.MethodGet, "/api/v1/tags?release=decomposed&deployment=d1", nil, http.StatusUnprocessableEntity, "deployment")
 	requireError(t, st, http.MethodGet, "/api/v1/tags?deployment=nope", nil, http.StatusNotFound, "")
 
-	var got models.Tag
+	var got fuel.Tag
 	status, raw = st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/tags/%d", swift.ID), nil, &got)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.Equal(t, "swift", got.Name)
@@ -179,7 +180,7 @@ func TestTagCRUDAPI(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.True(t, got.HasPrimary)
 
-	var del models.TagDeletion
+	var del fuel.TagDeletion
 	status, raw = st.Do(t, http.MethodDelete, fmt.Sprintf("/api/v1/tags/%d", swift.ID), nil, &del)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.Equal(t, "swift", del.Tag.Name)
@@ -199,7 +200,7 @@ func TestNodeTagAssignmentAPI(t *testing.T) {
 	assert.Equal(t, []string{"mysql"}, view.Primary)
 	requireError(t, st, http.MethodGet, "/api/v1/nodes/ghost.anneal.test/tags", nil, http.StatusNotFound, "")
 
-	var swiftD2 models.Tag
+	var swiftD2 fuel.Tag
 	status, raw := st.Do(t, http.MethodPost, "/api/v1/tags", map[string]any{"name": "swift", "deployment": "d2"}, &swiftD2)
 	require.Equal(t, http.StatusCreated, status, "%s", raw)
 
@@ -243,7 +244,7 @@ func TestNodeTagAssignmentAPI(t *testing.T) {
 
 	// Deleting a tag unassigns it (and its instances) from the nodes.
 	d1 := listTags(t, st, "deployment=d1")
-	var del models.TagDeletion
+	var del fuel.TagDeletion
 	status, raw = st.Do(t, http.MethodDelete, fmt.Sprintf("/api/v1/tags/%d", d1["swift"].ID), nil, &del)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.Equal(t, []string{cmp}, del.UnassignedFrom)
@@ -307,7 +308,7 @@ func TestDeploymentCheckAPI(t *testing.T) {
 	st := testenv.NewStack(t, testenv.Options{})
 	nodes := tagSetup(t, st, []string{"compute"})
 
-	var check models.DeploymentCheck
+	var check fuel.DeploymentCheck
 	status, raw := st.Do(t, http.MethodGet, "/api/v1/deployments/d1/check", nil, &check)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.Equal(t, "d1", check.Deployment)
@@ -318,7 +319,7 @@ func TestDeploymentCheckAPI(t *testing.T) {
 		missing = append(missing, w.Tag)
 	}
 	assert.Equal(t, []string{"ceph", "keystone", "mysql", "rabbitmq"}, missing)
-	assert.Contains(t, check.Warnings, models.CheckWarning{Tag: "mysql",
+	assert.Contains(t, check.Warnings, fuel.CheckWarning{Tag: "mysql",
 		Message: "no node of deployment d1 holds the mandatory tag mysql (declared by release decomposed@1)"})
 
 	// Deploying is allowed anyway.
@@ -328,7 +329,7 @@ func TestDeploymentCheckAPI(t *testing.T) {
 	status, raw = st.Do(t, http.MethodPost, "/api/v1/nodes/"+nodes[0]+"/tags",
 		map[string]any{"tags": []string{"ceph", "keystone", "mysql", "rabbitmq"}}, nil)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
-	check = models.DeploymentCheck{}
+	check = fuel.DeploymentCheck{}
 	status, raw = st.Do(t, http.MethodGet, "/api/v1/deployments/d1/check", nil, &check)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.True(t, check.OK, "%s", raw)

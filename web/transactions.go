@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -22,8 +23,8 @@ import (
 // POST /scenarios/:name/execute go through it. memo adds entries to the
 // workflow's memo; label, when set, prefixes the workflow's summary (e.g.
 // "scenario deploy-changes").
-func (s *Server) startTransaction(ctx context.Context, in models.ExecuteInput, label string, memo map[string]any) (*models.Transaction, error) {
-	txn, err := s.cfg.Store.CreateTransaction(ctx, in, func(txn *models.Transaction) error {
+func (s *Server) startTransaction(ctx context.Context, in fuel.ExecuteInput, label string, memo map[string]any) (*fuel.Transaction, error) {
+	txn, err := s.fuel.CreateTransaction(ctx, in, func(txn *fuel.Transaction) error {
 		types := make([]string, len(txn.Graphs))
 		for i, g := range txn.Graphs {
 			types[i] = g.Type
@@ -49,7 +50,7 @@ func (s *Server) startTransaction(ctx context.Context, in models.ExecuteInput, l
 
 // startWorkflow starts a transaction's workflow under its readable ID. It
 // fails, rather than attaching to it, if a run with that ID is still open.
-func (s *Server) startWorkflow(ctx context.Context, txn *models.Transaction, summary string, memo map[string]any) error {
+func (s *Server) startWorkflow(ctx context.Context, txn *fuel.Transaction, summary string, memo map[string]any) error {
 	opts := client.StartWorkflowOptions{
 		ID:            txn.WorkflowID,
 		TaskQueue:     s.cfg.TaskQueue,
@@ -71,7 +72,7 @@ func (s *Server) startWorkflow(ctx context.Context, txn *models.Transaction, sum
 
 // transactionAccepted is the 202 answer to a started transaction, with
 // extra entries merged in.
-func transactionAccepted(c echo.Context, txn *models.Transaction, extra map[string]any) error {
+func transactionAccepted(c echo.Context, txn *fuel.Transaction, extra map[string]any) error {
 	body := map[string]any{
 		"task_uuid": txn.ID, "workflow_id": txn.WorkflowID, "status": txn.Status,
 		"links": map[string]string{

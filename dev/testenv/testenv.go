@@ -28,6 +28,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/roles/network"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
@@ -146,8 +147,8 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	tc := TemporalClient(t)
 	// The sample roles' hooks, as the server registers them.
 	network.Register()
-	require.NoError(t, models.EnsureBuiltinScenarios(context.Background(), store, scenarios.Builtins()...))
-	require.NoError(t, models.EnsureBuiltinGraphs(context.Background(), store, scenarios.BuiltinGraphs()...))
+	require.NoError(t, fuel.EnsureBuiltinScenarios(context.Background(), fuel.New(store), scenarios.Builtins()...))
+	require.NoError(t, fuel.EnsureBuiltinGraphs(context.Background(), fuel.New(store), scenarios.BuiltinGraphs()...))
 	queue := "anneal-test-" + uuid.NewString()[:8]
 	st := &Stack{Store: store, DatabaseURL: dbURL, Temporal: tc, TaskQueue: queue, log: log, heartbeatTimeoutSec: opts.HeartbeatTimeoutSec}
 	st.StartWorker(t)

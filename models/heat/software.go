@@ -439,7 +439,7 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 		if err != nil {
 			return fmt.Errorf("load software config %d: %w", in.ConfigID, err)
 		}
-		node, err := (&models.Store{DB: tx, Domain: s.Domain}).Node(ctx, in.Server)
+		node, err := models.FindNode(tx, in.Server)
 		if errors.Is(err, models.ErrNotFound) {
 			return models.Invalid("server_id", "no node with id or name %q", in.Server)
 		}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/models/roles/network"
 	"github.com/anneal-dev/anneal/scenarios"
@@ -79,10 +81,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	store := &models.Store{DB: db, Domain: cfg.Domain}
-	if err := models.EnsureBuiltinScenarios(ctx, store, scenarios.Builtins()...); err != nil {
+	if err := fuel.EnsureBuiltinScenarios(ctx, fuel.New(store), scenarios.Builtins()...); err != nil {
 		return err
 	}
-	if err := models.EnsureBuiltinGraphs(ctx, store, scenarios.BuiltinGraphs()...); err != nil {
+	if err := fuel.EnsureBuiltinGraphs(ctx, fuel.New(store), scenarios.BuiltinGraphs()...); err != nil {
 		return err
 	}
 	tc, err := client.DialContext(ctx, client.Options{
@@ -131,7 +133,7 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, heartbea
 	})
 	workflows.Register(w)
 	w.RegisterActivity(&activities.Activities{
-		Store: store, Heat: heat.New(store), Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
+		Store: store, Fuel: fuel.New(store), Crowbar: crowbar.New(store), Heat: heat.New(store), Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
 	})
 	return w
 }

@@ -30,6 +30,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 )
 
 // Role is the name of the role whose events this package handles.
@@ -48,7 +49,7 @@ var registerOnce sync.Once
 // its own; calling it again does nothing, so hooks never run twice.
 func Register() {
 	registerOnce.Do(func() {
-		models.RegisterRoleHook(Role, models.OnProposed, onProposed)
+		crowbar.RegisterRoleHook(Role, crowbar.OnProposed, onProposed)
 		models.RegisterNodeHook(Role, models.OnNodeDelete, onNodeDelete)
 	})
 }
@@ -204,7 +205,7 @@ func show(v any) string {
 
 // onProposed allocates the noderole's node an address of the range in its
 // user data and records it in the noderole's system data.
-func onProposed(ctx context.Context, tx *gorm.DB, nr *models.NodeRole) error {
+func onProposed(ctx context.Context, tx *gorm.DB, nr *crowbar.NodeRole) error {
 	r, err := ParseRange(nr.UserData)
 	if err != nil {
 		var ie *models.InputError

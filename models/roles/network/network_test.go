@@ -13,6 +13,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/models/roles/network"
 )
 
@@ -174,7 +175,7 @@ func (e *env) node(t *testing.T, name string) *models.Node {
 }
 
 // deployment creates a deployment of the release and proposes a snapshot.
-func (e *env) deployment(t *testing.T, name string) *models.Snapshot {
+func (e *env) deployment(t *testing.T, name string) *crowbar.Snapshot {
 	t.Helper()
 	_, err := e.store.CreateDeployment(e.ctx, models.DeploymentInput{Name: name, Release: "net"})
 	require.NoError(t, err)
@@ -183,13 +184,13 @@ func (e *env) deployment(t *testing.T, name string) *models.Snapshot {
 	return snap
 }
 
-func (e *env) bind(snap *models.Snapshot, node string) (*models.NodeRole, error) {
-	nr, _, err := e.store.BindRole(e.ctx, snap.ID, models.BindInput{Node: node + ".anneal.test", Role: network.Role})
+func (e *env) bind(snap *crowbar.Snapshot, node string) (*crowbar.NodeRole, error) {
+	nr, _, err := e.store.BindRole(e.ctx, snap.ID, crowbar.BindInput{Node: node + ".anneal.test", Role: network.Role})
 	return nr, err
 }
 
 // address is the admin address a noderole's system data holds.
-func address(nr *models.NodeRole) any {
+func address(nr *crowbar.NodeRole) any {
 	nets, _ := nr.SystemData["network"].(map[string]any)
 	admin, _ := nets["admin"].(map[string]any)
 	return admin["address"]
@@ -259,7 +260,7 @@ func TestAllocateOnProposed(t *testing.T) {
 	assert.Contains(t, ce.Reason, "192.168.124.10-192.168.124.12")
 	assert.Contains(t, ce.Reason, "n4.anneal.test")
 	var bound int64
-	require.NoError(t, e.store.DB.Model(&models.NodeRole{}).Where("node_id = ?", n4.ID).Count(&bound).Error)
+	require.NoError(t, e.store.DB.Model(&crowbar.NodeRole{}).Where("node_id = ?", n4.ID).Count(&bound).Error)
 	assert.Zero(t, bound, "the binding was rolled back")
 
 	// on_node_delete frees the node's address; the lowest free one is
@@ -309,7 +310,7 @@ roles_metadata:
       network: {name: admin, prefix: 24, range: {first: 192.168.124.10, last: 192.168.124.250}}
 `)
 	const n = 8
-	snaps := make([]*models.Snapshot, n)
+	snaps := make([]*crowbar.Snapshot, n)
 	for i := range n {
 		e.node(t, fmt.Sprintf("c%d", i))
 		snaps[i] = e.deployment(t, fmt.Sprintf("d%d", i))

@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"encoding/base64"
@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/plan"
 )
 
@@ -37,11 +38,11 @@ var octalMode = regexp.MustCompile(`^0?[0-7]{3}$`)
 // become a shell command here, so the agent needs to know only shell:
 // upload_file writes its data, sync copies a directory, erase_node wipes
 // the node's state (its credential and logs stay, so it can come back).
-func runSpec(t *plan.Task) (RunSpec, error) {
+func runSpec(t *plan.Task) (models.RunSpec, error) {
 	p := t.Parameters
-	spec := RunSpec{Jig: JigAgent, Cmd: p.Cmd, TimeoutSec: p.Timeout, Retries: p.Retries}
+	spec := models.RunSpec{Jig: JigAgent, Cmd: p.Cmd, TimeoutSec: p.Timeout, Retries: p.Retries}
 	if spec.TimeoutSec <= 0 {
-		spec.TimeoutSec = DefaultTaskTimeoutSec
+		spec.TimeoutSec = models.DefaultTaskTimeoutSec
 	}
 	switch t.Kind() {
 	case plan.TypeShell:

@@ -1,4 +1,4 @@
-package models
+package crowbar
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -22,11 +23,11 @@ import (
 func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*contract.BootstrapResult, error) {
 	var out *contract.BootstrapResult
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		node, _, err := lockNode(tx, strconv.FormatInt(nodeID, 10))
+		node, _, err := models.LockNode(tx, strconv.FormatInt(nodeID, 10))
 		if err != nil {
 			return err
 		}
-		system, err := FindDeployment(tx, SystemDeployment)
+		system, err := models.FindDeployment(tx, models.SystemDeployment)
 		if err != nil {
 			return err
 		}
@@ -42,17 +43,17 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*contract.Boot
 		if _, err := lockSnapshot(tx, snap.ID); err != nil {
 			return err
 		}
-		out = &contract.BootstrapResult{Node: node.Name, Flag: FlagDiscovery, NodeRoles: []int64{}, Roles: []string{}}
+		out = &contract.BootstrapResult{Node: node.Name, Flag: models.FlagDiscovery, NodeRoles: []int64{}, Roles: []string{}}
 		if node.Admin {
-			out.Flag = FlagBootstrap
+			out.Flag = models.FlagBootstrap
 		}
 		roles, err := flaggedRoles(tx, system, out.Flag)
 		if err != nil {
 			return err
 		}
-		b := &binder{ctx: ctx, tx: tx, snap: snap, chain: []Deployment{*system}, node: node}
+		b := &binder{ctx: ctx, tx: tx, snap: snap, chain: []models.Deployment{*system}, node: node}
 		for _, role := range roles {
-			if out.Flag == FlagDiscovery && !JigActive(role.Jig) {
+			if out.Flag == models.FlagDiscovery && !JigActive(role.Jig) {
 				continue
 			}
 			nr, _, err := b.add(&role, nil)
@@ -71,9 +72,9 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*contract.Boot
 			return err
 		}
 		if prop != nil {
-			pb := &binder{ctx: ctx, tx: tx, snap: prop, chain: []Deployment{*system}, node: node}
+			pb := &binder{ctx: ctx, tx: tx, snap: prop, chain: []models.Deployment{*system}, node: node}
 			for _, name := range out.Roles {
-				role := roles[slices.IndexFunc(roles, func(r Role) bool { return r.Name == name })]
+				role := roles[slices.IndexFunc(roles, func(r models.Role) bool { return r.Name == name })]
 				if _, _, err := pb.add(&role, nil); err != nil {
 					return fmt.Errorf("bind %s role %s to node %s in proposed snapshot %d: %w", out.Flag, role.Name, node.Name, prop.ID, err)
 				}
@@ -87,7 +88,7 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*contract.Boot
 			return err
 		}
 		// Crowbar calls on_node_create once the default noderoles are bound.
-		return RunNodeHooks(ctx, tx, OnNodeCreate, node)
+		return models.RunNodeHooks(ctx, tx, models.OnNodeCreate, node)
 	})
 	if err != nil {
 		return nil, err
@@ -99,16 +100,16 @@ func (s *Store) BootstrapNode(ctx context.Context, nodeID int64) (*contract.Boot
 // deployment, in dependency order (parents first, otherwise by name): those
 // of its release, or with no release there, of every release, the newest
 // release winning for a name defined in several.
-func flaggedRoles(tx *gorm.DB, system *Deployment, flag string) ([]Role, error) {
+func flaggedRoles(tx *gorm.DB, system *models.Deployment, flag string) ([]models.Role, error) {
 	q := tx.Where("flags @> ?::jsonb", `["`+flag+`"]`)
 	if system.ReleaseID != nil {
 		q = q.Where("release_id = ?", *system.ReleaseID)
 	}
-	var all []Role
+	var all []models.Role
 	if err := q.Order("release_id DESC, name").Find(&all).Error; err != nil {
 		return nil, fmt.Errorf("load %s roles: %w", flag, err)
 	}
-	byName := map[string]Role{}
+	byName := map[string]models.Role{}
 	for _, r := range all {
 		if _, ok := byName[r.Name]; !ok {
 			byName[r.Name] = r
@@ -121,14 +122,14 @@ func flaggedRoles(tx *gorm.DB, system *Deployment, flag string) ([]Role, error) 
 // set it requires (requirements outside the set are the binder's business);
 // among roles that are ready at once, by name. Role requirements are
 // acyclic (checked at import).
-func dependencyOrder(roles map[string]Role) []Role {
+func dependencyOrder(roles map[string]models.Role) []models.Role {
 	names := make([]string, 0, len(roles))
 	for n := range roles {
 		names = append(names, n)
 	}
 	slices.Sort(names)
 	done := map[string]bool{}
-	out := make([]Role, 0, len(roles))
+	out := make([]models.Role, 0, len(roles))
 	for len(out) < len(roles) {
 		progressed := false
 		for _, n := range names {

@@ -1,4 +1,4 @@
-package models
+package crowbar
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/anneal-dev/anneal/models"
 )
 
 // Snapshot states: a deployment has one linear history of snapshots, at most
@@ -53,7 +55,7 @@ func lockSnapshot(tx *gorm.DB, id int64) (*Snapshot, error) {
 	var snap Snapshot
 	err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&snap, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, NotFound("snapshot", id)
+		return nil, models.NotFound("snapshot", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load snapshot %d: %w", id, err)
@@ -64,7 +66,7 @@ func lockSnapshot(tx *gorm.DB, id int64) (*Snapshot, error) {
 // lockDeployment locks a deployment's row for the transaction: changes of
 // its snapshot history take it first.
 func lockDeployment(tx *gorm.DB, id int64) error {
-	if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id").Take(&Deployment{}, id).Error; err != nil {
+	if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id").Take(&models.Deployment{}, id).Error; err != nil {
 		return fmt.Errorf("lock deployment %d: %w", id, err)
 	}
 	return nil
@@ -90,7 +92,7 @@ func EnsureSnapshot(tx *gorm.DB, deploymentID int64) (*Snapshot, error) {
 	if err != nil || snap != nil {
 		return snap, err
 	}
-	t := Now()
+	t := models.Now()
 	snap = &Snapshot{DeploymentID: deploymentID, State: SnapshotCommitted, CreatedAt: t, CommittedAt: &t}
 	// Two requests racing here: the partial unique index lets one win; the
 	// other reads the winner's row.
@@ -108,7 +110,7 @@ func EnsureSnapshot(tx *gorm.DB, deploymentID int64) (*Snapshot, error) {
 func (s *Store) EnsureSnapshot(ctx context.Context, deploymentRef string) (*Snapshot, error) {
 	var out *Snapshot
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := FindDeployment(tx, deploymentRef)
+		dep, err := models.FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -122,7 +124,7 @@ func (s *Store) EnsureSnapshot(ctx context.Context, deploymentRef string) (*Snap
 func (s *Store) Snapshots(ctx context.Context, deploymentRef string) ([]Snapshot, error) {
 	var out []Snapshot
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := FindDeployment(tx, deploymentRef)
+		dep, err := models.FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -144,7 +146,7 @@ func (s *Store) Snapshot(ctx context.Context, id int64) (*Snapshot, error) {
 	var snap Snapshot
 	err := db.Take(&snap, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, NotFound("snapshot", id)
+		return nil, models.NotFound("snapshot", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load snapshot %d: %w", id, err)
@@ -166,7 +168,7 @@ func (s *Store) Snapshot(ctx context.Context, id int64) (*Snapshot, error) {
 func (s *Store) ProposeSnapshot(ctx context.Context, deploymentRef string) (*Snapshot, error) {
 	var out *Snapshot
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := FindDeployment(tx, deploymentRef)
+		dep, err := models.FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -182,12 +184,12 @@ func (s *Store) ProposeSnapshot(ctx context.Context, deploymentRef string) (*Sna
 		if prop, err := snapshotIn(tx, dep.ID, SnapshotProposed); err != nil {
 			return err
 		} else if prop != nil {
-			return &ConflictError{Reason: fmt.Sprintf("deployment %q already has a proposed snapshot (%d); edit or commit it", dep.Name, prop.ID)}
+			return &models.ConflictError{Reason: fmt.Sprintf("deployment %q already has a proposed snapshot (%d); edit or commit it", dep.Name, prop.ID)}
 		}
-		snap := &Snapshot{DeploymentID: dep.ID, State: SnapshotProposed, CreatedAt: Now()}
+		snap := &Snapshot{DeploymentID: dep.ID, State: SnapshotProposed, CreatedAt: models.Now()}
 		if err := tx.Create(snap).Error; err != nil {
 			return fmt.Errorf("propose a snapshot of deployment %s: %w",
-				dep.Name, UniqueViolation(err, fmt.Sprintf("deployment %q already has a proposed snapshot", dep.Name)))
+				dep.Name, models.UniqueViolation(err, fmt.Sprintf("deployment %q already has a proposed snapshot", dep.Name)))
 		}
 		if err := tx.Exec(`INSERT INTO noderoles (snapshot_id, node_id, role_id, state, user_data, system_data, wall, run_count, created_at, updated_at)
 			SELECT ?, node_id, role_id, state, user_data, system_data, wall, run_count, now(), now()
@@ -224,7 +226,7 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 			return fmt.Errorf("load snapshot %d: %w", id, err)
 		}
 		if len(depID) == 0 {
-			return NotFound("snapshot", id)
+			return models.NotFound("snapshot", id)
 		}
 		// Deployment first, then snapshots: the order every change of a
 		// deployment's history takes (propose, node bootstrap).
@@ -236,13 +238,13 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 			return err
 		}
 		if snap.State != SnapshotProposed {
-			return &ConflictError{Reason: fmt.Sprintf("snapshot %d is %s; only a proposed snapshot can be committed", id, snap.State)}
+			return &models.ConflictError{Reason: fmt.Sprintf("snapshot %d is %s; only a proposed snapshot can be committed", id, snap.State)}
 		}
 		old, err := snapshotIn(tx, snap.DeploymentID, SnapshotCommitted)
 		if err != nil {
 			return err
 		}
-		t := Now()
+		t := models.Now()
 		if old != nil {
 			if _, err := lockSnapshot(tx, old.ID); err != nil {
 				return err
@@ -301,7 +303,7 @@ func (s *Store) CommitSnapshot(ctx context.Context, id int64) (*Snapshot, error)
 // the snapshot's deployment, and returns their names. A bound node that
 // meanwhile went to a deployment off the chain stops the commit.
 func moveBoundNodes(tx *gorm.DB, snap *Snapshot) ([]string, error) {
-	var dep Deployment
+	var dep models.Deployment
 	if err := tx.Take(&dep, snap.DeploymentID).Error; err != nil {
 		return nil, fmt.Errorf("load deployment %d: %w", snap.DeploymentID, err)
 	}
@@ -319,7 +321,7 @@ func moveBoundNodes(tx *gorm.DB, snap *Snapshot) ([]string, error) {
 		return nil, fmt.Errorf("check nodes of snapshot %d: %w", snap.ID, err)
 	}
 	if len(lost) > 0 {
-		return nil, &ConflictError{Reason: fmt.Sprintf("nodes %s are bound in snapshot %d but now belong to a deployment outside %q and its parents; remove their noderoles or move them back",
+		return nil, &models.ConflictError{Reason: fmt.Sprintf("nodes %s are bound in snapshot %d but now belong to a deployment outside %q and its parents; remove their noderoles or move them back",
 			strings.Join(lost, ", "), snap.ID, dep.Name)}
 	}
 	var moved []string
@@ -335,7 +337,7 @@ func moveBoundNodes(tx *gorm.DB, snap *Snapshot) ([]string, error) {
 // requireProposed refuses edits to a snapshot that is not proposed.
 func requireProposed(snap *Snapshot) error {
 	if snap.State != SnapshotProposed {
-		return &ConflictError{Reason: fmt.Sprintf("snapshot %d is %s and cannot be edited; propose a new snapshot of the deployment (POST /api/v1/deployments/%s/snapshots/propose) and edit that",
+		return &models.ConflictError{Reason: fmt.Sprintf("snapshot %d is %s and cannot be edited; propose a new snapshot of the deployment (POST /api/v1/deployments/%s/snapshots/propose) and edit that",
 			snap.ID, snap.State, strconv.FormatInt(snap.DeploymentID, 10))}
 	}
 	return nil
@@ -345,7 +347,7 @@ func requireProposed(snap *Snapshot) error {
 // saying to propose one when it has none.
 func (s *Store) ProposedSnapshot(ctx context.Context, deploymentRef string) (*Snapshot, error) {
 	db := s.DB.WithContext(ctx)
-	dep, err := FindDeployment(db, deploymentRef)
+	dep, err := models.FindDeployment(db, deploymentRef)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +356,7 @@ func (s *Store) ProposedSnapshot(ctx context.Context, deploymentRef string) (*Sn
 		return nil, err
 	}
 	if snap == nil {
-		return nil, &ConflictError{Reason: fmt.Sprintf("deployment %q has no proposed snapshot; propose one first (POST /api/v1/deployments/%s/snapshots/propose)", dep.Name, dep.Name)}
+		return nil, &models.ConflictError{Reason: fmt.Sprintf("deployment %q has no proposed snapshot; propose one first (POST /api/v1/deployments/%s/snapshots/propose)", dep.Name, dep.Name)}
 	}
 	return snap, nil
 }

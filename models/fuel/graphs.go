@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/plan"
 )
 
@@ -48,13 +49,13 @@ type GraphSource struct {
 // the enabled plugins in plugin id order, then the deployment (a later level
 // replaces a task of the same id, and overwrites metadata keys). It returns
 // ErrNotFound when no level defines the type.
-func (s *Store) ResolveGraph(ctx context.Context, dep *Deployment, graphType string) (*ResolvedGraph, error) {
+func (s *Store) ResolveGraph(ctx context.Context, dep *models.Deployment, graphType string) (*ResolvedGraph, error) {
 	return resolveGraph(s.DB.WithContext(ctx), dep, graphType)
 }
 
 // visibleGraphs narrows a graphs query to the graphs a deployment sees: its
 // release's, its enabled plugins' and its own, in merge order.
-func visibleGraphs(tx *gorm.DB, dep *Deployment) *gorm.DB {
+func visibleGraphs(tx *gorm.DB, dep *models.Deployment) *gorm.DB {
 	return tx.Where(`(owner_kind = ? OR (owner_kind = ? AND owner_id = ?)
 		OR (owner_kind = ? AND owner_id IN (SELECT plugin_id FROM deployment_plugins WHERE deployment_id = ?))
 		OR (owner_kind = ? AND owner_id = ?))`,
@@ -64,14 +65,14 @@ func visibleGraphs(tx *gorm.DB, dep *Deployment) *gorm.DB {
 // mergeOrder orders graphs built-in → release → plugins (by id) → deployment.
 const mergeOrder = "CASE owner_kind WHEN 'builtin' THEN -1 WHEN 'release' THEN 0 WHEN 'plugin' THEN 1 ELSE 2 END, owner_id"
 
-func resolveGraph(tx *gorm.DB, dep *Deployment, graphType string) (*ResolvedGraph, error) {
+func resolveGraph(tx *gorm.DB, dep *models.Deployment, graphType string) (*ResolvedGraph, error) {
 	var graphs []Graph
 	err := visibleGraphs(tx.Where("type = ?", graphType), dep).Order(mergeOrder).Find(&graphs).Error
 	if err != nil {
 		return nil, fmt.Errorf("load %s graphs of deployment %s: %w", graphType, dep.Name, err)
 	}
 	if len(graphs) == 0 {
-		return nil, NotFound("graph type", graphType)
+		return nil, models.NotFound("graph type", graphType)
 	}
 	out := &ResolvedGraph{Type: graphType, Metadata: map[string]any{}, Tasks: []plan.Task{}}
 	index := map[string]int{}
@@ -94,7 +95,7 @@ func resolveGraph(tx *gorm.DB, dep *Deployment, graphType string) (*ResolvedGrap
 
 // GraphTypes lists the graph types a deployment can run: those of its
 // release, its enabled plugins and its own.
-func (s *Store) GraphTypes(ctx context.Context, dep *Deployment) ([]string, error) {
+func (s *Store) GraphTypes(ctx context.Context, dep *models.Deployment) ([]string, error) {
 	types := []string{}
 	q := visibleGraphs(s.DB.WithContext(ctx).Model(&Graph{}), dep).Distinct("type").Order("type")
 	if err := q.Pluck("type", &types).Error; err != nil {
@@ -106,16 +107,16 @@ func (s *Store) GraphTypes(ctx context.Context, dep *Deployment) ([]string, erro
 // ExecutableGraph is the graph of a type a deployment executes: the merged
 // graph (see ResolveGraph) with, for the deployment graph, a task for every
 // role no task selects — what execute validates and plans.
-func (s *Store) ExecutableGraph(ctx context.Context, dep *Deployment, graphType string) (*ResolvedGraph, error) {
+func (s *Store) ExecutableGraph(ctx context.Context, dep *models.Deployment, graphType string) (*ResolvedGraph, error) {
 	g, err := graphTasks(s.DB.WithContext(ctx), dep, graphType)
 	return g, noGraph(err, dep, graphType)
 }
 
 // noGraph names the deployment and type in a not-found error.
-func noGraph(err error, dep *Deployment, graphType string) error {
-	if errors.Is(err, ErrNotFound) {
+func noGraph(err error, dep *models.Deployment, graphType string) error {
+	if errors.Is(err, models.ErrNotFound) {
 		return fmt.Errorf("deployment %s has no graph of type %q (its release, enabled plugins and own graphs define none): %w",
-			dep.Name, graphType, ErrNotFound)
+			dep.Name, graphType, models.ErrNotFound)
 	}
 	return err
 }
@@ -126,7 +127,7 @@ func noGraph(err error, dep *Deployment, graphType string) error {
 // *InputError on field "tasks" with the cycle's path; a type no level
 // defines is ErrNotFound. Like execute, it settles the deployment's primary
 // tags (they are stable across plans).
-func (s *Store) PlanPreview(ctx context.Context, dep *Deployment, graphType string) (*plan.Plan, error) {
+func (s *Store) PlanPreview(ctx context.Context, dep *models.Deployment, graphType string) (*plan.Plan, error) {
 	var p *plan.Plan
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		graph, err := graphTasks(tx, dep, graphType)
@@ -205,11 +206,11 @@ const (
 func ValidateGraphType(graphType string) error {
 	switch {
 	case graphType == "":
-		return Invalid("type", "is required")
+		return models.Invalid("type", "is required")
 	case len(graphType) > maxGraphType:
-		return Invalid("type", "must be at most %d characters", maxGraphType)
+		return models.Invalid("type", "must be at most %d characters", maxGraphType)
 	case !graphTypeRe.MatchString(graphType):
-		return Invalid("type", "%q may contain only lower-case letters, digits, '_' and '-'", graphType)
+		return models.Invalid("type", "%q may contain only lower-case letters, digits, '_' and '-'", graphType)
 	}
 	return nil
 }
@@ -229,7 +230,7 @@ func lockGraphs(tx *gorm.DB) error {
 func findOwner(tx *gorm.DB, o GraphOwner) (int64, string, error) {
 	switch o.Kind {
 	case OwnerRelease:
-		rel, err := findRelease(tx, o.Ref)
+		rel, err := models.FindRelease(tx, o.Ref)
 		if err != nil {
 			return 0, "", err
 		}
@@ -241,7 +242,7 @@ func findOwner(tx *gorm.DB, o GraphOwner) (int64, string, error) {
 		}
 		return p.ID, fmt.Sprintf("plugin %s@%s", p.Name, p.Version), nil
 	case OwnerDeployment:
-		dep, err := FindDeployment(tx, o.Ref)
+		dep, err := models.FindDeployment(tx, o.Ref)
 		if err != nil {
 			return 0, "", err
 		}
@@ -292,7 +293,7 @@ func (s *Store) OwnGraph(ctx context.Context, o GraphOwner, graphType string) (*
 		return nil, err
 	}
 	if g == nil {
-		return nil, fmt.Errorf("%s has no graph of type %q: %w", label, graphType, ErrNotFound)
+		return nil, fmt.Errorf("%s has no graph of type %q: %w", label, graphType, models.ErrNotFound)
 	}
 	return g, nil
 }
@@ -367,9 +368,9 @@ func (s *Store) writeGraph(ctx context.Context, o GraphOwner, graphType string, 
 		}
 		switch {
 		case g != nil && op == opCreate:
-			return &ConflictError{Reason: fmt.Sprintf("%s already has a graph of type %q; use PUT to replace it or PATCH to change it", label, graphType)}
+			return &models.ConflictError{Reason: fmt.Sprintf("%s already has a graph of type %q; use PUT to replace it or PATCH to change it", label, graphType)}
 		case g == nil && (op == opPatch || op == opDelete):
-			return fmt.Errorf("%s has no graph of type %q: %w", label, graphType, ErrNotFound)
+			return fmt.Errorf("%s has no graph of type %q: %w", label, graphType, models.ErrNotFound)
 		}
 		if op == opPatch {
 			patchGraph(g, in)
@@ -409,7 +410,7 @@ func (s *Store) writeGraph(ctx context.Context, o GraphOwner, graphType string, 
 			}
 		case created:
 			if err := saveGraph(tx, g); err != nil {
-				return UniqueViolation(err, fmt.Sprintf("%s already has a graph of type %q", label, graphType))
+				return models.UniqueViolation(err, fmt.Sprintf("%s already has a graph of type %q", label, graphType))
 			}
 		default:
 			if g.Metadata == nil {
@@ -418,7 +419,7 @@ func (s *Store) writeGraph(ctx context.Context, o GraphOwner, graphType string, 
 			if g.Tasks == nil {
 				g.Tasks = []plan.Task{}
 			}
-			g.UpdatedAt = Now()
+			g.UpdatedAt = models.Now()
 			if err := tx.Save(g).Error; err != nil {
 				return fmt.Errorf("save graph %q of %s: %w", graphType, label, err)
 			}
@@ -430,7 +431,7 @@ func (s *Store) writeGraph(ctx context.Context, o GraphOwner, graphType string, 
 		}
 		if pr := newProblem(before, after); pr != nil {
 			if op == opDelete {
-				return &ConflictError{Reason: fmt.Sprintf("deleting graph %q of %s would break the merged graph of deployment %q: %v",
+				return &models.ConflictError{Reason: fmt.Sprintf("deleting graph %q of %s would break the merged graph of deployment %q: %v",
 					graphType, label, pr.dep.Name, pr.err)}
 			}
 			ie := tasksError(pr.err)
@@ -453,10 +454,10 @@ func validateGraphInput(kind, graphType string, op graphOp, in GraphInput) error
 		return err
 	}
 	if in.Type != "" && in.Type != graphType {
-		return Invalid("type", "%q does not match the graph type %q in the path", in.Type, graphType)
+		return models.Invalid("type", "%q does not match the graph type %q in the path", in.Type, graphType)
 	}
 	if in.Name != nil && len(*in.Name) > maxGraphName {
-		return Invalid("name", "must be at most %d characters", maxGraphName)
+		return models.Invalid("name", "must be at most %d characters", maxGraphName)
 	}
 	if op != opPatch {
 		return validateOwnTasks(kind, in.Tasks)
@@ -466,11 +467,11 @@ func validateGraphInput(kind, graphType string, op graphOp, in GraphInput) error
 	seen := map[string]int{}
 	for i, t := range in.Tasks {
 		if t.ID == "" {
-			return &InputError{Field: "tasks", Reason: fmt.Sprintf("task at position %d has an empty id", i),
+			return &models.InputError{Field: "tasks", Reason: fmt.Sprintf("task at position %d has an empty id", i),
 				Details: map[string]any{"task_field": "id"}}
 		}
 		if j, dup := seen[t.ID]; dup {
-			return &InputError{Field: "tasks", Reason: fmt.Sprintf("task %q: duplicate task id (positions %d and %d)", t.ID, j, i),
+			return &models.InputError{Field: "tasks", Reason: fmt.Sprintf("task %q: duplicate task id (positions %d and %d)", t.ID, j, i),
 				Details: map[string]any{"task": t.ID, "task_field": "id"}}
 		}
 		seen[t.ID] = i
@@ -562,8 +563,8 @@ func withStubs(tasks []plan.Task) []plan.Task {
 }
 
 // tasksError turns a plan validation error into bad input on field "tasks".
-func tasksError(err error) *InputError {
-	out := &InputError{Field: "tasks", Reason: err.Error(), Details: map[string]any{}}
+func tasksError(err error) *models.InputError {
+	out := &models.InputError{Field: "tasks", Reason: err.Error(), Details: map[string]any{}}
 	var verr *plan.ValidationError
 	if errors.As(err, &verr) {
 		if verr.Task != "" {
@@ -576,7 +577,7 @@ func tasksError(err error) *InputError {
 
 // affectedDeployments lists, by name, the deployments whose merged graphs
 // include the graphs of an owner.
-func affectedDeployments(tx *gorm.DB, kind string, ownerID int64) ([]Deployment, error) {
+func affectedDeployments(tx *gorm.DB, kind string, ownerID int64) ([]models.Deployment, error) {
 	q := tx.Order("name")
 	switch kind {
 	case OwnerRelease:
@@ -586,7 +587,7 @@ func affectedDeployments(tx *gorm.DB, kind string, ownerID int64) ([]Deployment,
 	default:
 		q = q.Where("id = ?", ownerID)
 	}
-	var deps []Deployment
+	var deps []models.Deployment
 	if err := q.Find(&deps).Error; err != nil {
 		return nil, fmt.Errorf("list deployments using %s %d: %w", kind, ownerID, err)
 	}
@@ -595,7 +596,7 @@ func affectedDeployments(tx *gorm.DB, kind string, ownerID int64) ([]Deployment,
 
 // mergeProblem is a merged graph that does not validate.
 type mergeProblem struct {
-	dep       Deployment
+	dep       models.Deployment
 	graphType string
 	err       error
 }
@@ -603,12 +604,12 @@ type mergeProblem struct {
 // mergedProblems validates the graph of each type each deployment executes
 // (merged, with its role tasks: see graphTasks), in order; a type no level
 // defines is no problem.
-func mergedProblems(tx *gorm.DB, deps []Deployment, types []string) ([]mergeProblem, error) {
+func mergedProblems(tx *gorm.DB, deps []models.Deployment, types []string) ([]mergeProblem, error) {
 	var out []mergeProblem
 	for i := range deps {
 		for _, typ := range types {
 			g, err := graphTasks(tx, &deps[i], typ)
-			if errors.Is(err, ErrNotFound) {
+			if errors.Is(err, models.ErrNotFound) {
 				continue
 			}
 			if err != nil {

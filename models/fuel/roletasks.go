@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/plan"
 )
 
@@ -19,7 +20,7 @@ const RoleTaskGraph = "deployment"
 // nothing), and waiting for its parent roles' tasks on whichever nodes hold
 // them. So a Crowbar-style release, roles and requirements only, deploys
 // without task lists, and a Fuel-style one is unchanged.
-func withRoleTasks(tasks []plan.Task, roles []Role) []plan.Task {
+func withRoleTasks(tasks []plan.Task, roles []models.Role) []plan.Task {
 	ids := map[string]bool{}
 	for _, t := range tasks {
 		ids[t.ID] = true
@@ -61,24 +62,24 @@ func withRoleTasks(tasks []plan.Task, roles []Role) []plan.Task {
 
 // graphTasks is the merged graph of a type for a deployment with the role
 // tasks added to its deployment graph: what planning works on.
-func graphTasks(tx *gorm.DB, dep *Deployment, graphType string) (*ResolvedGraph, error) {
+func graphTasks(tx *gorm.DB, dep *models.Deployment, graphType string) (*ResolvedGraph, error) {
 	graph, err := resolveGraph(tx, dep, graphType)
 	if graphType != RoleTaskGraph || dep.ReleaseID == nil {
 		return graph, err
 	}
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, models.ErrNotFound) {
 		// A Crowbar-style release has roles and no graphs at all.
 		graph, err = &ResolvedGraph{Type: graphType, Metadata: map[string]any{}}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var roles []Role
+	var roles []models.Role
 	if err := tx.Where("release_id = ?", *dep.ReleaseID).Order("name").Find(&roles).Error; err != nil {
 		return nil, fmt.Errorf("load roles of deployment %s: %w", dep.Name, err)
 	}
 	if len(roles) == 0 && len(graph.Tasks) == 0 {
-		return nil, NotFound("graph type", graphType)
+		return nil, models.NotFound("graph type", graphType)
 	}
 	graph.Tasks = withRoleTasks(graph.Tasks, roles)
 	return graph, nil

@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"cmp"
@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/plan"
 )
 
@@ -68,24 +69,24 @@ const PrimaryPrefix = "primary-"
 func ValidateTagName(name string) error {
 	switch {
 	case name == "":
-		return Invalid("name", "is required")
+		return models.Invalid("name", "is required")
 	case len(name) > 255:
-		return Invalid("name", "%q is longer than 255 characters", name)
+		return models.Invalid("name", "%q is longer than 255 characters", name)
 	case strings.IndexFunc(name, unicode.IsSpace) >= 0:
-		return Invalid("name", "%q must not contain whitespace", name)
+		return models.Invalid("name", "%q must not contain whitespace", name)
 	case strings.Contains(name, ":"):
-		return Invalid("name", "%q must not contain ':': instance tags (name:N) are assigned to nodes, not created", name)
+		return models.Invalid("name", "%q must not contain ':': instance tags (name:N) are assigned to nodes, not created", name)
 	case strings.HasPrefix(name, PrimaryPrefix):
-		return Invalid("name", "%q must not start with %q: primary tags are computed at planning", name, PrimaryPrefix)
+		return models.Invalid("name", "%q must not start with %q: primary tags are computed at planning", name, PrimaryPrefix)
 	case name == plan.Any || strings.HasPrefix(name, "/"):
-		return Invalid("name", "%q reads as a task selector (\"*\" or \"/regex/\")", name)
+		return models.Invalid("name", "%q reads as a task selector (\"*\" or \"/regex/\")", name)
 	}
 	return nil
 }
 
 // tagMetadataMap is a tags_metadata entry as a tag's metadata: every field
 // but has_primary, which is a column of its own.
-func tagMetadataMap(md TagMetadata) map[string]any {
+func tagMetadataMap(md models.TagMetadata) map[string]any {
 	out := map[string]any{}
 	if b, err := json.Marshal(md); err == nil {
 		_ = json.Unmarshal(b, &out)
@@ -98,7 +99,7 @@ func tagMetadataMap(md TagMetadata) map[string]any {
 // import's transaction: every tag of tags_metadata and every tag a role
 // produces (read only); declared tags the release no longer declares go,
 // tags users created stay.
-func syncReleaseTags(tx *gorm.DB, rel *Release, spec ReleaseSpec) error {
+func syncReleaseTags(tx *gorm.DB, rel *models.Release, spec models.ReleaseSpec) error {
 	want := map[string]*Tag{}
 	declare := func(name string) *Tag {
 		t, ok := want[name]
@@ -146,7 +147,7 @@ func syncReleaseTags(tx *gorm.DB, rel *Release, spec ReleaseSpec) error {
 	}
 	for _, name := range sortedKeys(want) {
 		t := want[name]
-		t.UpdatedAt = Now()
+		t.UpdatedAt = models.Now()
 		if t.ID == 0 {
 			t.CreatedAt = t.UpdatedAt
 			if err := tx.Create(t).Error; err != nil {
@@ -177,7 +178,7 @@ func (s *Store) Tags(ctx context.Context, scope TagScope) ([]Tag, error) {
 	db := s.DB.WithContext(ctx)
 	var tags []Tag
 	if scope.Release != "" {
-		rel, err := findRelease(db, scope.Release)
+		rel, err := models.FindRelease(db, scope.Release)
 		if err != nil {
 			return nil, err
 		}
@@ -185,7 +186,7 @@ func (s *Store) Tags(ctx context.Context, scope TagScope) ([]Tag, error) {
 			return nil, fmt.Errorf("list tags of release %s: %w", scope.Release, err)
 		}
 	} else {
-		dep, err := FindDeployment(db, scope.Deployment)
+		dep, err := models.FindDeployment(db, scope.Deployment)
 		if err != nil {
 			return nil, err
 		}
@@ -203,16 +204,16 @@ func (s *Store) Tags(ctx context.Context, scope TagScope) ([]Tag, error) {
 func oneTagOwner(release, deployment string) error {
 	switch {
 	case release != "" && deployment != "":
-		return Invalid("deployment", "give either a release or a deployment, not both")
+		return models.Invalid("deployment", "give either a release or a deployment, not both")
 	case release == "" && deployment == "":
-		return Invalid("release", "is required: give a release or a deployment (name or id)")
+		return models.Invalid("release", "is required: give a release or a deployment (name or id)")
 	}
 	return nil
 }
 
 // deploymentTags are the tags a deployment sees: its release's, then its
 // own, each by name.
-func deploymentTags(tx *gorm.DB, dep *Deployment) ([]Tag, error) {
+func deploymentTags(tx *gorm.DB, dep *models.Deployment) ([]Tag, error) {
 	q := tx.Where("owner_kind = ? AND owner_id = ?", OwnerDeployment, dep.ID)
 	if dep.ReleaseID != nil {
 		q = tx.Where("(owner_kind = ? AND owner_id = ?) OR (owner_kind = ? AND owner_id = ?)",
@@ -237,7 +238,7 @@ func fillTagRoles(tx *gorm.DB, tags []Tag) error {
 	if len(releaseIDs) == 0 {
 		return nil
 	}
-	var roles []Role
+	var roles []models.Role
 	if err := tx.Select("release_id", "name", "tags").Where("release_id IN ?", releaseIDs).Order("name").Find(&roles).Error; err != nil {
 		return fmt.Errorf("load roles for tags: %w", err)
 	}
@@ -262,7 +263,7 @@ func loadTag(tx *gorm.DB, id int64, lock bool) (*Tag, error) {
 	}
 	err := q.Take(&tag, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, NotFound("tag", id)
+		return nil, models.NotFound("tag", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load tag %d: %w", id, err)
@@ -305,16 +306,16 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var clash []Tag
 		if in.Release != "" {
-			rel, err := findRelease(tx, in.Release)
-			if errors.Is(err, ErrNotFound) {
-				return Invalid("release", "no release %q", in.Release)
+			rel, err := models.FindRelease(tx, in.Release)
+			if errors.Is(err, models.ErrNotFound) {
+				return models.Invalid("release", "no release %q", in.Release)
 			}
 			if err != nil {
 				return err
 			}
 			tag.OwnerKind, tag.OwnerID = OwnerRelease, rel.ID
 			var depIDs []int64
-			if err := tx.Model(&Deployment{}).Where("release_id = ?", rel.ID).Pluck("id", &depIDs).Error; err != nil {
+			if err := tx.Model(&models.Deployment{}).Where("release_id = ?", rel.ID).Pluck("id", &depIDs).Error; err != nil {
 				return fmt.Errorf("list deployments of release %s: %w", rel.Name, err)
 			}
 			q := tx.Where("name = ? AND ((owner_kind = ? AND owner_id = ?) OR (owner_kind = ? AND owner_id IN ?))",
@@ -323,9 +324,9 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 				return fmt.Errorf("check tag name: %w", err)
 			}
 		} else {
-			dep, err := FindDeployment(tx, in.Deployment)
-			if errors.Is(err, ErrNotFound) {
-				return Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
+			dep, err := models.FindDeployment(tx, in.Deployment)
+			if errors.Is(err, models.ErrNotFound) {
+				return models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
 			}
 			if err != nil {
 				return err
@@ -342,10 +343,10 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 			}
 		}
 		if len(clash) > 0 {
-			return &ConflictError{Reason: fmt.Sprintf("tag %q already exists in %s", in.Name, tagOwnerName(tx, clash[0]))}
+			return &models.ConflictError{Reason: fmt.Sprintf("tag %q already exists in %s", in.Name, tagOwnerName(tx, clash[0]))}
 		}
 		if err := tx.Create(tag).Error; err != nil {
-			return fmt.Errorf("create tag %q: %w", in.Name, UniqueViolation(err, fmt.Sprintf("tag %q already exists", in.Name)))
+			return fmt.Errorf("create tag %q: %w", in.Name, models.UniqueViolation(err, fmt.Sprintf("tag %q already exists", in.Name)))
 		}
 		return nil
 	})
@@ -359,20 +360,20 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 // "deployment prod".
 func tagOwnerName(tx *gorm.DB, t Tag) string {
 	if t.OwnerKind == OwnerRelease {
-		var rel Release
+		var rel models.Release
 		if tx.Select("name", "version").Take(&rel, t.OwnerID).Error == nil {
 			return "release " + releaseLabel(&rel)
 		}
 		return fmt.Sprintf("release %d", t.OwnerID)
 	}
-	var dep Deployment
+	var dep models.Deployment
 	if tx.Select("name").Take(&dep, t.OwnerID).Error == nil {
 		return "deployment " + dep.Name
 	}
 	return fmt.Sprintf("deployment %d", t.OwnerID)
 }
 
-func releaseLabel(rel *Release) string {
+func releaseLabel(rel *models.Release) string {
 	if rel.Version == "" {
 		return rel.Name
 	}
@@ -385,7 +386,7 @@ func stuckError(t *Tag) error {
 	if len(t.Roles) > 0 {
 		roles = strings.Join(t.Roles, ", ")
 	}
-	return &ConflictError{Reason: fmt.Sprintf("tag %s is stuck to role(s) %s; change the release instead", t.Name, roles)}
+	return &models.ConflictError{Reason: fmt.Sprintf("tag %s is stuck to role(s) %s; change the release instead", t.Name, roles)}
 }
 
 // TagUpdate changes a user tag's metadata; nil fields stay.
@@ -406,7 +407,7 @@ func (s *Store) UpdateTag(ctx context.Context, id int64, up TagUpdate) (*Tag, er
 			return stuckError(tag)
 		}
 		if up.HasPrimary == nil && up.Metadata == nil {
-			return Invalid("body", "nothing to change: give has_primary and/or metadata")
+			return models.Invalid("body", "nothing to change: give has_primary and/or metadata")
 		}
 		if up.HasPrimary != nil {
 			tag.HasPrimary = *up.HasPrimary
@@ -417,7 +418,7 @@ func (s *Store) UpdateTag(ctx context.Context, id int64, up TagUpdate) (*Tag, er
 				tag.Metadata = map[string]any{}
 			}
 		}
-		tag.UpdatedAt = Now()
+		tag.UpdatedAt = models.Now()
 		if err := tx.Select("has_primary", "metadata", "updated_at").Save(tag).Error; err != nil {
 			return fmt.Errorf("update tag %d: %w", id, err)
 		}
@@ -451,7 +452,7 @@ func (s *Store) DeleteTag(ctx context.Context, id int64) (*TagDeletion, error) {
 		if err := tx.Delete(&Tag{}, id).Error; err != nil {
 			return fmt.Errorf("delete tag %d: %w", id, err)
 		}
-		var deps []Deployment
+		var deps []models.Deployment
 		q := tx.Where("id = ?", tag.OwnerID)
 		if tag.OwnerKind == OwnerRelease {
 			q = tx.Where("release_id = ?", tag.OwnerID)
@@ -467,7 +468,7 @@ func (s *Store) DeleteTag(ctx context.Context, id int64) (*TagDeletion, error) {
 			if visible[tag.Name] {
 				continue // still defined at another level (or a role's name)
 			}
-			var nodes []Node
+			var nodes []models.Node
 			if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id", "name", "tags").
 				Where("deployment_id = ?", deps[i].ID).Order("id").Find(&nodes).Error; err != nil {
 				return fmt.Errorf("load nodes of deployment %s: %w", deps[i].Name, err)
@@ -480,8 +481,8 @@ func (s *Store) DeleteTag(ctx context.Context, id int64) (*TagDeletion, error) {
 				if len(kept) == len(n.Tags) {
 					continue
 				}
-				if err := tx.Model(&Node{}).Where("id = ?", n.ID).
-					Updates(map[string]any{"tags": jsonList(kept), "updated_at": Now()}).Error; err != nil {
+				if err := tx.Model(&models.Node{}).Where("id = ?", n.ID).
+					Updates(map[string]any{"tags": jsonList(kept), "updated_at": models.Now()}).Error; err != nil {
 					return fmt.Errorf("unassign tag %s from node %s: %w", tag.Name, n.Name, err)
 				}
 				out.UnassignedFrom = append(out.UnassignedFrom, n.Name)
@@ -511,12 +512,12 @@ func jsonList(list []string) any {
 // visibleTagNames are the names a node of dep may hold as tags (besides
 // their instances "name:N"): the tags dep sees and the names of its
 // release's roles.
-func visibleTagNames(tx *gorm.DB, dep *Deployment) (map[string]bool, error) {
+func visibleTagNames(tx *gorm.DB, dep *models.Deployment) (map[string]bool, error) {
 	tags, err := deploymentTags(tx, dep)
 	if err != nil {
 		return nil, err
 	}
-	roles, err := releaseRoles(tx, dep)
+	roles, err := models.ReleaseRoles(tx, dep)
 	if err != nil {
 		return nil, err
 	}
@@ -547,7 +548,7 @@ type NodeTagView struct {
 func (s *Store) NodeTags(ctx context.Context, ref string) (*NodeTagView, error) {
 	var out *NodeTagView
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		node, err := (&Store{DB: tx}).Node(ctx, ref)
+		node, err := models.FindNode(tx, ref)
 		if err != nil {
 			return err
 		}
@@ -557,8 +558,8 @@ func (s *Store) NodeTags(ctx context.Context, ref string) (*NodeTagView, error) 
 	return out, err
 }
 
-func nodeTagView(tx *gorm.DB, node *Node) (*NodeTagView, error) {
-	dep, err := FindDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
+func nodeTagView(tx *gorm.DB, node *models.Node) (*NodeTagView, error) {
+	dep, err := models.FindDeployment(tx, strconv.FormatInt(node.DeploymentID, 10))
 	if err != nil {
 		return nil, err
 	}
@@ -570,7 +571,7 @@ func nodeTagView(tx *gorm.DB, node *Node) (*NodeTagView, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &NodeTagView{Node: node.Name, Deployment: dep.Name, Tags: nonNil(node.Tags), Roles: nonNil(node.Roles), Primary: []string{}}
+	out := &NodeTagView{Node: node.Name, Deployment: dep.Name, Tags: models.NonNil(node.Tags), Roles: models.NonNil(node.Roles), Primary: []string{}}
 	for _, tag := range sortedKeys(chosen) {
 		if chosen[tag] == node.ID {
 			out.Primary = append(out.Primary, tag)
@@ -587,16 +588,16 @@ var instanceNumber = regexp.MustCompile(`^[1-9][0-9]*$`)
 // a positive integer.
 func (s *Store) AssignTags(ctx context.Context, ref string, tags []string) (*NodeTagView, error) {
 	if len(tags) == 0 {
-		return nil, Invalid("tags", "must list at least one tag")
+		return nil, models.Invalid("tags", "must list at least one tag")
 	}
-	return s.changeNodeTags(ctx, ref, func(tx *gorm.DB, node *Node, dep *Deployment) ([]string, error) {
+	return s.changeNodeTags(ctx, ref, func(tx *gorm.DB, node *models.Node, dep *models.Deployment) ([]string, error) {
 		visible, err := visibleTagNames(tx, dep)
 		if err != nil {
 			return nil, err
 		}
 		for i, tag := range tags {
 			if err := checkAssignable(tag, visible, dep); err != nil {
-				return nil, Invalid(fmt.Sprintf("tags[%d]", i), "%s", err.Error())
+				return nil, models.Invalid(fmt.Sprintf("tags[%d]", i), "%s", err.Error())
 			}
 		}
 		out := slices.Clone(node.Tags)
@@ -610,7 +611,7 @@ func (s *Store) AssignTags(ctx context.Context, ref string, tags []string) (*Nod
 }
 
 // checkAssignable explains why tag cannot be assigned in dep, or is nil.
-func checkAssignable(tag string, visible map[string]bool, dep *Deployment) error {
+func checkAssignable(tag string, visible map[string]bool, dep *models.Deployment) error {
 	switch {
 	case tag == "":
 		return errors.New("is empty")
@@ -636,24 +637,24 @@ func checkAssignable(tag string, visible map[string]bool, dep *Deployment) error
 // count as tags at planning).
 func (s *Store) UnassignTags(ctx context.Context, ref string, tags []string) (*NodeTagView, error) {
 	if len(tags) == 0 {
-		return nil, Invalid("tags", "must list at least one tag")
+		return nil, models.Invalid("tags", "must list at least one tag")
 	}
 	for i, tag := range tags {
 		if tag == "" {
-			return nil, Invalid(fmt.Sprintf("tags[%d]", i), "is empty")
+			return nil, models.Invalid(fmt.Sprintf("tags[%d]", i), "is empty")
 		}
 	}
-	return s.changeNodeTags(ctx, ref, func(_ *gorm.DB, node *Node, _ *Deployment) ([]string, error) {
+	return s.changeNodeTags(ctx, ref, func(_ *gorm.DB, node *models.Node, _ *models.Deployment) ([]string, error) {
 		return slices.DeleteFunc(slices.Clone(node.Tags), func(t string) bool { return slices.Contains(tags, t) }), nil
 	})
 }
 
 // changeNodeTags locks a node, computes its new tags and saves them, in one
 // transaction.
-func (s *Store) changeNodeTags(ctx context.Context, ref string, change func(*gorm.DB, *Node, *Deployment) ([]string, error)) (*NodeTagView, error) {
+func (s *Store) changeNodeTags(ctx context.Context, ref string, change func(*gorm.DB, *models.Node, *models.Deployment) ([]string, error)) (*NodeTagView, error) {
 	var out *NodeTagView
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		node, dep, err := lockNode(tx, ref)
+		node, dep, err := models.LockNode(tx, ref)
 		if err != nil {
 			return err
 		}
@@ -661,9 +662,9 @@ func (s *Store) changeNodeTags(ctx context.Context, ref string, change func(*gor
 		if err != nil {
 			return err
 		}
-		node.Tags = nonNil(tags)
-		if err := tx.Model(&Node{}).Where("id = ?", node.ID).
-			Updates(map[string]any{"tags": jsonList(node.Tags), "updated_at": Now()}).Error; err != nil {
+		node.Tags = models.NonNil(tags)
+		if err := tx.Model(&models.Node{}).Where("id = ?", node.ID).
+			Updates(map[string]any{"tags": jsonList(node.Tags), "updated_at": models.Now()}).Error; err != nil {
 			return fmt.Errorf("save tags of node %s: %w", ref, err)
 		}
 		out, err = nodeTagView(tx, node)
@@ -674,8 +675,8 @@ func (s *Store) changeNodeTags(ctx context.Context, ref string, change func(*gor
 
 // primaryCandidates loads every node of a deployment (alive or not) with
 // what decides the primaries: id, roles and tags.
-func primaryCandidates(tx *gorm.DB, deploymentID int64) ([]Node, error) {
-	var nodes []Node
+func primaryCandidates(tx *gorm.DB, deploymentID int64) ([]models.Node, error) {
+	var nodes []models.Node
 	if err := tx.Select("id", "name", "roles", "tags").Where("deployment_id = ?", deploymentID).
 		Order("id").Find(&nodes).Error; err != nil {
 		return nil, fmt.Errorf("load nodes of deployment %d: %w", deploymentID, err)
@@ -688,7 +689,7 @@ func primaryCandidates(tx *gorm.DB, deploymentID int64) ([]Node, error) {
 // still holds the tag (role names count), else the holder with the lowest
 // id; a tag nobody holds has none. With persist it records the decision in
 // primary_tags, dropping rows of tags without a primary.
-func choosePrimaries(tx *gorm.DB, dep *Deployment, nodes []Node, persist bool) (map[string]int64, error) {
+func choosePrimaries(tx *gorm.DB, dep *models.Deployment, nodes []models.Node, persist bool) (map[string]int64, error) {
 	visible, err := deploymentTags(tx, dep)
 	if err != nil {
 		return nil, err
@@ -702,7 +703,7 @@ func choosePrimaries(tx *gorm.DB, dep *Deployment, nodes []Node, persist bool) (
 		current[r.Tag] = r.NodeID
 	}
 	byID := slices.Clone(nodes)
-	slices.SortFunc(byID, func(a, b Node) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(byID, func(a, b models.Node) int { return cmp.Compare(a.ID, b.ID) })
 	holds := make(map[int64]map[string]bool, len(byID))
 	for _, n := range byID {
 		set := map[string]bool{}
@@ -763,8 +764,8 @@ func choosePrimaries(tx *gorm.DB, dep *Deployment, nodes []Node, persist bool) (
 // primaryPlanningTags decides and records the primaries of a deployment (see
 // choosePrimaries) and returns, per node id, the "primary-<tag>" tags the
 // planner adds to that node. nodes are all the nodes of the deployment.
-func primaryPlanningTags(tx *gorm.DB, deploymentID int64, nodes []Node) (map[int64][]string, error) {
-	dep, err := FindDeployment(tx, strconv.FormatInt(deploymentID, 10))
+func primaryPlanningTags(tx *gorm.DB, deploymentID int64, nodes []models.Node) (map[int64][]string, error) {
+	dep, err := models.FindDeployment(tx, strconv.FormatInt(deploymentID, 10))
 	if err != nil {
 		return nil, err
 	}
@@ -802,7 +803,7 @@ type DeploymentCheck struct {
 // instance tags "name:N" do not hold "name").
 func (s *Store) CheckDeployment(ctx context.Context, ref string) (*DeploymentCheck, error) {
 	db := s.DB.WithContext(ctx)
-	dep, err := FindDeployment(db, ref)
+	dep, err := models.FindDeployment(db, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -810,7 +811,7 @@ func (s *Store) CheckDeployment(ctx context.Context, ref string) (*DeploymentChe
 	if dep.ReleaseID == nil {
 		return out, nil
 	}
-	rel, err := (&Store{DB: db}).Release(ctx, strconv.FormatInt(*dep.ReleaseID, 10))
+	rel, err := (&models.Store{DB: db}).Release(ctx, strconv.FormatInt(*dep.ReleaseID, 10))
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package models
+package crowbar
 
 import (
 	"context"
@@ -14,20 +14,9 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
-
-// Role flags the framework knows.
-const (
-	FlagDiscovery = "discovery"
-	FlagBootstrap = "bootstrap"
-	FlagImplicit  = "implicit"
-	FlagLibrary   = "library"
-)
-
-// RoleFlags are the flags a role may carry. library is accepted and, as in
-// Crowbar, means nothing yet.
-var RoleFlags = []string{FlagDiscovery, FlagBootstrap, FlagImplicit, FlagLibrary}
 
 // NodeRole binds a role to a node in a snapshot.
 type NodeRole struct {
@@ -50,7 +39,7 @@ type NodeRole struct {
 	// LastRun is the noderole's newest run (its state, exit code, error,
 	// output tails, times, and the attributes it was sent and handed
 	// back), filled when one noderole is loaded; nil when it never ran.
-	LastRun *TaskRun `json:"last_run,omitempty" gorm:"-"`
+	LastRun *models.TaskRun `json:"last_run,omitempty" gorm:"-"`
 }
 
 // TableName is the noderoles table.
@@ -74,8 +63,6 @@ const (
 	OnTransition = "on_transition"
 	OnError      = "on_error"
 	OnActive     = "on_active"
-	OnNodeCreate = "on_node_create"
-	OnNodeDelete = "on_node_delete"
 )
 
 // NodeRoleHook reacts to a noderole event inside the transaction that made
@@ -92,7 +79,7 @@ var (
 // any release). Several hooks for one role and event run in registration
 // order.
 func RegisterRoleHook(role, event string, h NodeRoleHook) {
-	if event == OnNodeCreate || event == OnNodeDelete {
+	if event == models.OnNodeCreate || event == models.OnNodeDelete {
 		panic("RegisterRoleHook: " + event + " is a node event; use RegisterNodeHook")
 	}
 	hooksMu.Lock()
@@ -160,11 +147,11 @@ func activeJigList() []string {
 
 // deploymentChain returns the deployment and its ancestors up to system,
 // nearest first.
-func deploymentChain(tx *gorm.DB, dep *Deployment) ([]Deployment, error) {
-	chain := []Deployment{*dep}
+func deploymentChain(tx *gorm.DB, dep *models.Deployment) ([]models.Deployment, error) {
+	chain := []models.Deployment{*dep}
 	seen := map[int64]bool{dep.ID: true}
 	for cur := dep; cur.ParentID != nil; {
-		var parent Deployment
+		var parent models.Deployment
 		if err := tx.Take(&parent, *cur.ParentID).Error; err != nil {
 			return nil, fmt.Errorf("load parent of deployment %s: %w", cur.Name, err)
 		}
@@ -181,8 +168,8 @@ func deploymentChain(tx *gorm.DB, dep *Deployment) ([]Deployment, error) {
 // resolveRole finds a role by name or id for a deployment: in the release of
 // the deployment or of its nearest ancestor that has one; with no release on
 // the chain, among all roles (a name must then be unambiguous).
-func resolveRole(tx *gorm.DB, chain []Deployment, ref string) (*Role, error) {
-	q := tx.Model(&Role{})
+func resolveRole(tx *gorm.DB, chain []models.Deployment, ref string) (*models.Role, error) {
+	q := tx.Model(&models.Role{})
 	id, idErr := strconv.ParseInt(ref, 10, 64)
 	if idErr == nil {
 		q = q.Where("id = ?", id)
@@ -195,17 +182,17 @@ func resolveRole(tx *gorm.DB, chain []Deployment, ref string) (*Role, error) {
 			break
 		}
 	}
-	var roles []Role
+	var roles []models.Role
 	if err := q.Order("id").Limit(2).Find(&roles).Error; err != nil {
 		return nil, fmt.Errorf("load role %s: %w", ref, err)
 	}
 	switch len(roles) {
 	case 0:
-		return nil, Invalid("role", "no role %q in the release of deployment %q (or of its parents)", ref, chain[0].Name)
+		return nil, models.Invalid("role", "no role %q in the release of deployment %q (or of its parents)", ref, chain[0].Name)
 	case 1:
 		return &roles[0], nil
 	}
-	return nil, Invalid("role", "role name %q is ambiguous: deployment %q has no release and several releases define it; use the role's id", ref, chain[0].Name)
+	return nil, models.Invalid("role", "role name %q is ambiguous: deployment %q has no release and several releases define it; use the role's id", ref, chain[0].Name)
 }
 
 // BindInput binds a role to a node in a proposed snapshot.
@@ -219,10 +206,10 @@ type BindInput struct {
 // already existed).
 func (s *Store) BindRole(ctx context.Context, snapshotID int64, in BindInput) (*NodeRole, bool, error) {
 	if in.Node == "" {
-		return nil, false, Invalid("node", "is required")
+		return nil, false, models.Invalid("node", "is required")
 	}
 	if in.Role == "" {
-		return nil, false, Invalid("role", "is required")
+		return nil, false, models.Invalid("role", "is required")
 	}
 	var out *NodeRole
 	var created bool
@@ -234,13 +221,13 @@ func (s *Store) BindRole(ctx context.Context, snapshotID int64, in BindInput) (*
 		if err := requireProposed(snap); err != nil {
 			return err
 		}
-		dep, err := FindDeployment(tx, strconv.FormatInt(snap.DeploymentID, 10))
+		dep, err := models.FindDeployment(tx, strconv.FormatInt(snap.DeploymentID, 10))
 		if err != nil {
 			return err
 		}
-		node, err := (&Store{DB: tx}).Node(ctx, in.Node)
-		if errors.Is(err, ErrNotFound) {
-			return Invalid("node", "no node named or numbered %q", in.Node)
+		node, err := models.FindNode(tx, in.Node)
+		if errors.Is(err, models.ErrNotFound) {
+			return models.Invalid("node", "no node named or numbered %q", in.Node)
 		}
 		if err != nil {
 			return err
@@ -251,8 +238,8 @@ func (s *Store) BindRole(ctx context.Context, snapshotID int64, in BindInput) (*
 		}
 		// A node of an ancestor deployment (a discovered node in system)
 		// moves into this one when the snapshot is committed.
-		if !slices.ContainsFunc(chain, func(d Deployment) bool { return d.ID == node.DeploymentID }) {
-			return Invalid("node", "node %s belongs to deployment %d, which is neither %q nor one of its parents; a node moves only down from a parent deployment",
+		if !slices.ContainsFunc(chain, func(d models.Deployment) bool { return d.ID == node.DeploymentID }) {
+			return models.Invalid("node", "node %s belongs to deployment %d, which is neither %q nor one of its parents; a node moves only down from a parent deployment",
 				node.Name, node.DeploymentID, dep.Name)
 		}
 		role, err := resolveRole(tx, chain, in.Role)
@@ -278,17 +265,17 @@ type binder struct {
 	ctx   context.Context
 	tx    *gorm.DB
 	snap  *Snapshot
-	chain []Deployment // the snapshot's deployment, then its ancestors
-	node  *Node
+	chain []models.Deployment // the snapshot's deployment, then its ancestors
+	node  *models.Node
 }
 
 // add is add_to_node_in_snapshot for role on the binder's node; path holds
 // the roles being bound implicitly above this call (for the error message).
-func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
+func (b *binder) add(role *models.Role, path []string) (*NodeRole, bool, error) {
 	tx := b.tx
 	// 1: the role's jig must be active.
 	if !JigActive(role.Jig) {
-		return nil, false, &InputError{Field: "role", Reason: fmt.Sprintf("role %q uses jig %q, which is not active (active jigs: %v)", role.Name, role.Jig, activeJigList()),
+		return nil, false, &models.InputError{Field: "role", Reason: fmt.Sprintf("role %q uses jig %q, which is not active (active jigs: %v)", role.Name, role.Jig, activeJigList()),
 			Details: map[string]any{"role": role.Name, "jig": role.Jig}}
 	}
 	// 2: the deployment role, created once.
@@ -309,10 +296,10 @@ func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
 	// implicitly here, else an error.
 	var parents []int64
 	for _, parentName := range role.Requires {
-		var prole Role
+		var prole models.Role
 		err := tx.Where("release_id = ? AND name = ?", role.ReleaseID, parentName).Take(&prole).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return nil, false, Invalid("role", "role %q requires %q, which is not in its release", role.Name, parentName)
+			return nil, false, models.Invalid("role", "role %q requires %q, which is not in its release", role.Name, parentName)
 		}
 		if err != nil {
 			return nil, false, fmt.Errorf("load role %s: %w", parentName, err)
@@ -322,8 +309,8 @@ func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
 			return nil, false, err
 		}
 		if pid == 0 {
-			if !slices.Contains(prole.Flags, FlagImplicit) {
-				return nil, false, &InputError{Field: "role",
+			if !slices.Contains(prole.Flags, models.FlagImplicit) {
+				return nil, false, &models.InputError{Field: "role",
 					Reason: fmt.Sprintf("role %q requires role %q, which is bound neither on node %s nor anywhere in deployment %q or its parents, and is not implicit; bind %q first",
 						role.Name, prole.Name, b.node.Name, b.chain[0].Name, prole.Name),
 					Details: map[string]any{"missing_role": prole.Name, "node": b.node.Name, "path": append(slices.Clone(path), role.Name)}}
@@ -345,7 +332,7 @@ func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
 	}
 	if err := tx.Create(nr).Error; err != nil {
 		return nil, false, fmt.Errorf("bind role %s to node %s: %w", role.Name, b.node.Name,
-			UniqueViolation(err, fmt.Sprintf("role %q is being bound to node %s by another request", role.Name, b.node.Name)))
+			models.UniqueViolation(err, fmt.Sprintf("role %q is being bound to node %s by another request", role.Name, b.node.Name)))
 	}
 	for _, pid := range parents {
 		if err := tx.Create(&NodeRoleEdge{ParentID: pid, ChildID: nr.ID}).Error; err != nil {
@@ -366,7 +353,7 @@ func (b *binder) add(role *Role, path []string) (*NodeRole, bool, error) {
 // deployments (siblings are not visible): on the same node first (this
 // snapshot before the ancestors), else on any node (this snapshot, then the
 // ancestors nearest first). It returns 0 when there is none.
-func (b *binder) findParent(prole *Role) (int64, error) {
+func (b *binder) findParent(prole *models.Role) (int64, error) {
 	ancestors := make([]int64, 0, len(b.chain)-1)
 	for _, anc := range b.chain[1:] {
 		ancestors = append(ancestors, anc.ID)
@@ -400,7 +387,7 @@ func pgArray(ids []int64) string {
 
 // ensureDeploymentRole returns the deployment's role defaults, creating
 // them from the role's template the first time.
-func ensureDeploymentRole(tx *gorm.DB, deploymentID int64, role *Role) (*DeploymentRole, error) {
+func ensureDeploymentRole(tx *gorm.DB, deploymentID int64, role *models.Role) (*DeploymentRole, error) {
 	dr := &DeploymentRole{DeploymentID: deploymentID, RoleID: role.ID, Data: deepCopyMap(role.Template)}
 	if err := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(dr).Error; err != nil {
 		return nil, fmt.Errorf("create deployment role %s: %w", role.Name, err)
@@ -454,11 +441,11 @@ func decorateNodeRoles(db *gorm.DB, nrs []NodeRole) error {
 		nodeIDs = append(nodeIDs, nr.NodeID)
 		roleIDs = append(roleIDs, nr.RoleID)
 	}
-	var nodes []Node
+	var nodes []models.Node
 	if err := db.Select("id", "name").Where("id IN ?", nodeIDs).Find(&nodes).Error; err != nil {
 		return fmt.Errorf("load noderole nodes: %w", err)
 	}
-	var roles []Role
+	var roles []models.Role
 	if err := db.Select("id", "name").Where("id IN ?", roleIDs).Find(&roles).Error; err != nil {
 		return fmt.Errorf("load noderole roles: %w", err)
 	}
@@ -511,7 +498,7 @@ func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
 	var nr NodeRole
 	err := q.Take(&nr, id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, NotFound("noderole", id)
+		return nil, models.NotFound("noderole", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load noderole %d: %w", id, err)
@@ -528,13 +515,13 @@ func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
 // runs it again.
 func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[string]any) (*NodeRole, error) {
 	if userData == nil {
-		return nil, Invalid("user_data", "is required (a JSON object)")
+		return nil, models.Invalid("user_data", "is required (a JSON object)")
 	}
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var nr NodeRole
 		err := tx.Take(&nr, id).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return NotFound("noderole", id)
+			return models.NotFound("noderole", id)
 		}
 		if err != nil {
 			return fmt.Errorf("load noderole %d: %w", id, err)
@@ -547,7 +534,7 @@ func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[strin
 			return err
 		}
 		if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
-			"user_data": jsonb(userData), "state": contract.NodeRoleProposed, "updated_at": Now(),
+			"user_data": jsonb(userData), "state": contract.NodeRoleProposed, "updated_at": models.Now(),
 		}).Error; err != nil {
 			return fmt.Errorf("update noderole %d: %w", id, err)
 		}
@@ -608,7 +595,7 @@ func lockForTransition(tx *gorm.DB, id int64) (*NodeRole, error) {
 		return nil, fmt.Errorf("load snapshot %d: %w", nr.SnapshotID, err)
 	}
 	if snap.State != SnapshotCommitted {
-		return nil, &ConflictError{Reason: fmt.Sprintf("noderole %d belongs to snapshot %d, which is %s; only noderoles of the committed snapshot change state", id, snap.ID, snap.State)}
+		return nil, &models.ConflictError{Reason: fmt.Sprintf("noderole %d belongs to snapshot %d, which is %s; only noderoles of the committed snapshot change state", id, snap.ID, snap.State)}
 	}
 	return nr, nil
 }
@@ -637,17 +624,17 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 			return fmt.Errorf("load noderole %d: %w", id, err)
 		}
 		if len(nodeID) == 0 {
-			return NotFound("noderole", id)
+			return models.NotFound("noderole", id)
 		}
 		// The node's row serializes transitions on one node; under its lock
 		// the node must still be one the annealer may give work.
-		var node Node
+		var node models.Node
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Select("id", "name", "alive", "available", "allocated").
 			Take(&node, nodeID[0]).Error; err != nil {
 			return fmt.Errorf("lock node %d: %w", nodeID[0], err)
 		}
 		if annealer && (!node.Alive || !node.Available || !node.Allocated) {
-			return &ConflictError{Reason: fmt.Sprintf("node %s is not alive, available and allocated (alive %t, available %t, allocated %t)",
+			return &models.ConflictError{Reason: fmt.Sprintf("node %s is not alive, available and allocated (alive %t, available %t, allocated %t)",
 				node.Name, node.Alive, node.Available, node.Allocated)}
 		}
 		nr, err := lockForTransition(tx, id)
@@ -655,7 +642,7 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 			return err
 		}
 		if nr.State != contract.NodeRoleTodo {
-			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a todo noderole can start", id, nr.State)}
+			return &models.ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a todo noderole can start", id, nr.State)}
 		}
 		var busy []int64
 		if err := tx.Model(&NodeRole{}).Where("node_id = ? AND state = ? AND id <> ?", nr.NodeID, contract.NodeRoleTransition, id).
@@ -663,23 +650,23 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 			return fmt.Errorf("check node %s: %w", nr.NodeName, err)
 		}
 		if len(busy) > 0 {
-			return &ConflictError{Reason: fmt.Sprintf("node %s already has noderole %d in transition", nr.NodeName, busy[0])}
+			return &models.ConflictError{Reason: fmt.Sprintf("node %s already has noderole %d in transition", nr.NodeName, busy[0])}
 		}
 		// A node runs one thing at a time, and a transaction that still has
 		// work on the node goes first; its end wakes the annealer.
-		running, err := nodeRunning(tx, nr.NodeID, 0, id)
+		running, err := models.NodeRunning(tx, nr.NodeID, 0, id)
 		if err != nil {
 			return err
 		}
 		if running != "" {
-			return &ConflictError{Reason: fmt.Sprintf("node %s is busy: %s", nr.NodeName, running)}
+			return &models.ConflictError{Reason: fmt.Sprintf("node %s is busy: %s", nr.NodeName, running)}
 		}
-		txID, err := transactionWants(tx, nr.NodeID)
+		txID, err := models.TransactionWants(tx, nr.NodeID)
 		if err != nil {
 			return err
 		}
 		if txID != "" {
-			return &ConflictError{Reason: fmt.Sprintf("node %s is busy: transaction %s has work on it", nr.NodeName, txID)}
+			return &models.ConflictError{Reason: fmt.Sprintf("node %s is busy: transaction %s has work on it", nr.NodeName, txID)}
 		}
 		if err := setState(tx, id, contract.NodeRoleTransition, nil); err != nil {
 			return err
@@ -721,7 +708,7 @@ func (s *Store) FinishNodeRole(ctx context.Context, id int64, ok bool, wall map[
 func finishNodeRole(ctx context.Context, tx *gorm.DB, nr *NodeRole, ok bool, wall map[string]any) error {
 	id := nr.ID
 	if nr.State != contract.NodeRoleTransition {
-		return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in transition can finish", id, nr.State)}
+		return &models.ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in transition can finish", id, nr.State)}
 	}
 	if wall == nil {
 		wall = map[string]any{}
@@ -731,7 +718,7 @@ func finishNodeRole(ctx context.Context, tx *gorm.DB, nr *NodeRole, ok bool, wal
 		state = contract.NodeRoleActive
 	}
 	if err := tx.Model(&NodeRole{}).Where("id = ?", id).Updates(map[string]any{
-		"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": Now(),
+		"state": state, "wall": jsonb(wall), "run_count": gorm.Expr("run_count + 1"), "updated_at": models.Now(),
 	}).Error; err != nil {
 		return fmt.Errorf("finish noderole %d: %w", id, err)
 	}
@@ -757,7 +744,7 @@ func (s *Store) RetryNodeRole(ctx context.Context, id int64) (*NodeRole, error) 
 			return err
 		}
 		if nr.State != contract.NodeRoleError {
-			return &ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in error can be retried", id, nr.State)}
+			return &models.ConflictError{Reason: fmt.Sprintf("noderole %d is %s; only a noderole in error can be retried", id, nr.State)}
 		}
 		if _, err := schedule(tx, "n.id = ?", id); err != nil {
 			return fmt.Errorf("retry noderole %d: %w", id, err)
@@ -785,7 +772,7 @@ func schedule(tx *gorm.DB, where string, args ...any) ([]int64, error) {
 }
 
 func setState(tx *gorm.DB, id int64, state string, extra map[string]any) error {
-	updates := map[string]any{"state": state, "updated_at": Now()}
+	updates := map[string]any{"state": state, "updated_at": models.Now()}
 	for k, v := range extra {
 		updates[k] = v
 	}

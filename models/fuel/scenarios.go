@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"gorm.io/gorm"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/nodeexpr"
 )
 
@@ -139,25 +140,25 @@ var scenarioNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 func validateScenario(tx *gorm.DB, in ScenarioInput) ([]ScenarioAct, error) {
 	switch {
 	case in.Name == "":
-		return nil, Invalid("name", "is required")
+		return nil, models.Invalid("name", "is required")
 	case len(in.Name) > maxScenarioName:
-		return nil, Invalid("name", "must be at most %d characters", maxScenarioName)
+		return nil, models.Invalid("name", "must be at most %d characters", maxScenarioName)
 	case !scenarioNameRe.MatchString(in.Name):
-		return nil, Invalid("name", "%q may contain only letters, digits, '.', '_' and '-', and must start with a letter or digit", in.Name)
+		return nil, models.Invalid("name", "%q may contain only letters, digits, '.', '_' and '-', and must start with a letter or digit", in.Name)
 	case len(in.Description) > maxScenarioDesc:
-		return nil, Invalid("description", "must be at most %d characters", maxScenarioDesc)
+		return nil, models.Invalid("description", "must be at most %d characters", maxScenarioDesc)
 	case len(in.Acts) == 0:
-		return nil, Invalid("scenario", "must list at least one act, e.g. [{\"graph_type\": \"deployment\"}]")
+		return nil, models.Invalid("scenario", "must list at least one act, e.g. [{\"graph_type\": \"deployment\"}]")
 	case len(in.Acts) > maxScenarioActs:
-		return nil, Invalid("scenario", "has %d acts; at most %d are allowed", len(in.Acts), maxScenarioActs)
+		return nil, models.Invalid("scenario", "has %d acts; at most %d are allowed", len(in.Acts), maxScenarioActs)
 	}
 	acts := make([]ScenarioAct, len(in.Acts))
 	for i, a := range in.Acts {
 		field := fmt.Sprintf("scenario[%d]", i)
 		if err := ValidateGraphType(a.GraphType); err != nil {
-			var ie *InputError
+			var ie *models.InputError
 			if errors.As(err, &ie) {
-				return nil, Invalid(field+".graph_type", "%s", ie.Reason)
+				return nil, models.Invalid(field+".graph_type", "%s", ie.Reason)
 			}
 			return nil, err
 		}
@@ -166,10 +167,10 @@ func validateScenario(tx *gorm.DB, in ScenarioInput) ([]ScenarioAct, error) {
 			return nil, err
 		}
 		if a.MaxNodesInFlight != nil && *a.MaxNodesInFlight < 1 {
-			return nil, Invalid(field+".max_nodes_in_flight", "must be at least 1 (or omitted for the transaction's default), not %d", *a.MaxNodesInFlight)
+			return nil, models.Invalid(field+".max_nodes_in_flight", "must be at least 1 (or omitted for the transaction's default), not %d", *a.MaxNodesInFlight)
 		}
 		if a.FailureThreshold != nil && (*a.FailureThreshold < 0 || *a.FailureThreshold > 100) {
-			return nil, Invalid(field+".failure_threshold", "is a percentage of failed nodes: it must be between 0 and 100, not %d", *a.FailureThreshold)
+			return nil, models.Invalid(field+".failure_threshold", "is a percentage of failed nodes: it must be between 0 and 100, not %d", *a.FailureThreshold)
 		}
 		acts[i] = ScenarioAct{
 			Position: i + 1, GraphType: a.GraphType, Nodes: nodes,
@@ -183,7 +184,7 @@ func validateScenario(tx *gorm.DB, in ScenarioInput) ([]ScenarioAct, error) {
 			continue
 		}
 		var found []int64
-		if err := tx.Model(&Node{}).Where("id IN ?", a.Nodes.IDs).Pluck("id", &found).Error; err != nil {
+		if err := tx.Model(&models.Node{}).Where("id IN ?", a.Nodes.IDs).Pluck("id", &found).Error; err != nil {
 			return nil, fmt.Errorf("check nodes of act %d: %w", i+1, err)
 		}
 		have := map[int64]bool{}
@@ -192,7 +193,7 @@ func validateScenario(tx *gorm.DB, in ScenarioInput) ([]ScenarioAct, error) {
 		}
 		for j, id := range a.Nodes.IDs {
 			if !have[id] {
-				return nil, Invalid(fmt.Sprintf("scenario[%d].nodes[%d]", i, j), "no node with id %d", id)
+				return nil, models.Invalid(fmt.Sprintf("scenario[%d].nodes[%d]", i, j), "no node with id %d", id)
 			}
 		}
 	}
@@ -214,7 +215,7 @@ func parseActNodes(field string, raw json.RawMessage) (ActNodes, error) {
 	case '{':
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &obj); err != nil {
-			return ActNodes{}, Invalid(field, "malformed object: %v", err)
+			return ActNodes{}, models.Invalid(field, "malformed object: %v", err)
 		}
 		var keys []string
 		for _, k := range sortedKeys(obj) {
@@ -222,30 +223,30 @@ func parseActNodes(field string, raw json.RawMessage) (ActNodes, error) {
 			case "expr", "yaql_exp", "ids":
 				keys = append(keys, k)
 			default:
-				return ActNodes{}, Invalid(field+"."+k, "unknown field; give {\"expr\": \"<CEL expression>\"} (\"yaql_exp\" is accepted as its alias) or {\"ids\": [node ids]}")
+				return ActNodes{}, models.Invalid(field+"."+k, "unknown field; give {\"expr\": \"<CEL expression>\"} (\"yaql_exp\" is accepted as its alias) or {\"ids\": [node ids]}")
 			}
 		}
 		if len(keys) != 1 {
-			return ActNodes{}, Invalid(field, "give exactly one of \"expr\" (or its alias \"yaql_exp\") and \"ids\", not %s", describeKeys(keys))
+			return ActNodes{}, models.Invalid(field, "give exactly one of \"expr\" (or its alias \"yaql_exp\") and \"ids\", not %s", describeKeys(keys))
 		}
 		key := keys[0]
 		if key == "ids" {
 			if v := bytes.TrimSpace(obj[key]); len(v) == 0 || v[0] != '[' {
-				return ActNodes{}, Invalid(field+".ids", "must be a list of node ids")
+				return ActNodes{}, models.Invalid(field+".ids", "must be a list of node ids")
 			}
 			ids, err := parseNodeIDs(field+".ids", obj[key])
 			return ActNodes{IDs: ids}, err
 		}
 		var expr string
 		if err := json.Unmarshal(obj[key], &expr); err != nil {
-			return ActNodes{}, Invalid(field+"."+key, "must be a string holding a CEL expression over node, e.g. \"'compute' in node.roles\"")
+			return ActNodes{}, models.Invalid(field+"."+key, "must be a string holding a CEL expression over node, e.g. \"'compute' in node.roles\"")
 		}
 		if _, err := nodeexpr.Compile(expr); err != nil {
 			return ActNodes{}, expressionError(field+"."+key, expr, err)
 		}
 		return ActNodes{Expr: expr}, nil
 	default:
-		return ActNodes{}, Invalid(field, "must be a list of node ids, an object {\"expr\": \"<CEL expression>\"}, or omitted for all nodes of the deployment")
+		return ActNodes{}, models.Invalid(field, "must be a list of node ids, an object {\"expr\": \"<CEL expression>\"}, or omitted for all nodes of the deployment")
 	}
 }
 
@@ -269,7 +270,7 @@ func expressionError(field, expr string, err error) error {
 	if len(ce.Issues) > 0 {
 		details["issues"] = ce.Issues
 	}
-	return &InputError{Field: field, Reason: "bad expression: " + ce.Error(), Details: details}
+	return &models.InputError{Field: field, Reason: "bad expression: " + ce.Error(), Details: details}
 }
 
 func parseNodeIDs(field string, raw json.RawMessage) ([]int64, error) {
@@ -277,13 +278,13 @@ func parseNodeIDs(field string, raw json.RawMessage) ([]int64, error) {
 	dec.UseNumber()
 	var items []any
 	if err := dec.Decode(&items); err != nil {
-		return nil, Invalid(field, "must be a list of node ids: %v", err)
+		return nil, models.Invalid(field, "must be a list of node ids: %v", err)
 	}
 	if len(items) == 0 {
-		return nil, Invalid(field, "is an empty list; list node ids, or omit nodes for all nodes of the deployment")
+		return nil, models.Invalid(field, "is an empty list; list node ids, or omit nodes for all nodes of the deployment")
 	}
 	if len(items) > maxActNodeIDs {
-		return nil, Invalid(field, "lists %d nodes; at most %d are allowed (use an expression)", len(items), maxActNodeIDs)
+		return nil, models.Invalid(field, "lists %d nodes; at most %d are allowed (use an expression)", len(items), maxActNodeIDs)
 	}
 	ids := make([]int64, len(items))
 	seen := map[int64]int{}
@@ -295,10 +296,10 @@ func parseNodeIDs(field string, raw json.RawMessage) ([]int64, error) {
 			id, err = strconv.ParseInt(string(n), 10, 64)
 		}
 		if !ok || err != nil || id <= 0 {
-			return nil, Invalid(fmt.Sprintf("%s[%d]", field, j), "must be a node id (a positive integer), not %s", jsonText(item))
+			return nil, models.Invalid(fmt.Sprintf("%s[%d]", field, j), "must be a node id (a positive integer), not %s", jsonText(item))
 		}
 		if k, dup := seen[id]; dup {
-			return nil, Invalid(fmt.Sprintf("%s[%d]", field, j), "node %d is already listed at [%d]", id, k)
+			return nil, models.Invalid(fmt.Sprintf("%s[%d]", field, j), "node %d is already listed at [%d]", id, k)
 		}
 		seen[id] = j
 		ids[j] = id
@@ -328,11 +329,11 @@ func (s *Store) CreateScenario(ctx context.Context, in ScenarioInput) (*Scenario
 			return fmt.Errorf("check scenario name: %w", err)
 		}
 		if count > 0 {
-			return &ConflictError{Reason: fmt.Sprintf("a scenario named %q already exists", in.Name)}
+			return &models.ConflictError{Reason: fmt.Sprintf("a scenario named %q already exists", in.Name)}
 		}
 		sc := &Scenario{Name: in.Name, Description: in.Description}
 		if err := tx.Omit("Acts").Create(sc).Error; err != nil {
-			return fmt.Errorf("create scenario %q: %w", in.Name, UniqueViolation(err, fmt.Sprintf("a scenario named %q already exists", in.Name)))
+			return fmt.Errorf("create scenario %q: %w", in.Name, models.UniqueViolation(err, fmt.Sprintf("a scenario named %q already exists", in.Name)))
 		}
 		if err := insertActs(tx, sc, acts); err != nil {
 			return err
@@ -375,7 +376,7 @@ func findScenario(tx *gorm.DB, name string) (*Scenario, error) {
 	err := tx.Preload("Acts", func(db *gorm.DB) *gorm.DB { return db.Order("position") }).
 		Where("name = ?", name).Take(&sc).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, NotFound("scenario", strconv.Quote(name))
+		return nil, models.NotFound("scenario", strconv.Quote(name))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load scenario %q: %w", name, err)
@@ -392,7 +393,7 @@ func (s *Store) DeleteScenario(ctx context.Context, name string) error {
 			return err
 		}
 		if sc.Builtin {
-			return &ConflictError{Reason: fmt.Sprintf("scenario %q is built in (shipped with anneal and restored at every start); it cannot be deleted", name)}
+			return &models.ConflictError{Reason: fmt.Sprintf("scenario %q is built in (shipped with anneal and restored at every start); it cannot be deleted", name)}
 		}
 		if err := tx.Delete(&Scenario{}, sc.ID).Error; err != nil {
 			return fmt.Errorf("delete scenario %q: %w", name, err)
@@ -407,17 +408,17 @@ func (s *Store) DeleteScenario(ctx context.Context, name string) error {
 func ParseScenarioYAML(doc []byte) (*ScenarioInput, error) {
 	var generic any
 	if err := yaml.Unmarshal(doc, &generic); err != nil {
-		return nil, &InputError{Status: 400, Field: "body", Reason: "malformed scenario YAML: " + err.Error()}
+		return nil, &models.InputError{Status: 400, Field: "body", Reason: "malformed scenario YAML: " + err.Error()}
 	}
 	buf, err := json.Marshal(generic)
 	if err != nil {
-		return nil, &InputError{Status: 400, Field: "body", Reason: "scenario YAML is not representable as JSON: " + err.Error()}
+		return nil, &models.InputError{Status: 400, Field: "body", Reason: "scenario YAML is not representable as JSON: " + err.Error()}
 	}
 	dec := json.NewDecoder(bytes.NewReader(buf))
 	dec.DisallowUnknownFields()
 	var in ScenarioInput
 	if err := dec.Decode(&in); err != nil {
-		return nil, &InputError{Status: 400, Field: "body", Reason: "malformed scenario: " + err.Error()}
+		return nil, &models.InputError{Status: 400, Field: "body", Reason: "malformed scenario: " + err.Error()}
 	}
 	return &in, nil
 }
@@ -506,15 +507,15 @@ type ActSelection struct {
 // MapError.
 func (s *Store) PrepareScenario(ctx context.Context, name string, in ScenarioExecuteInput) (*ScenarioPlan, error) {
 	if in.Deployment == "" {
-		return nil, Invalid("deployment", "is required (a deployment name or id)")
+		return nil, models.Invalid("deployment", "is required (a deployment name or id)")
 	}
 	sc, err := s.Scenario(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	dep, err := s.Deployment(ctx, in.Deployment)
-	if errors.Is(err, ErrNotFound) {
-		return nil, Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
+	if errors.Is(err, models.ErrNotFound) {
+		return nil, models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
 	}
 	if err != nil {
 		return nil, err
@@ -524,7 +525,7 @@ func (s *Store) PrepareScenario(ctx context.Context, name string, in ScenarioExe
 		return nil, err
 	}
 	exprNodes := make([]nodeexpr.Node, len(nodes))
-	byID := map[int64]*Node{}
+	byID := map[int64]*models.Node{}
 	var runnable []int64
 	for i := range nodes {
 		n := &nodes[i]
@@ -553,14 +554,14 @@ func (s *Store) PrepareScenario(ctx context.Context, name string, in ScenarioExe
 				return nil, expressionError(field+".expr", act.Nodes.Expr, err)
 			}
 			if err != nil {
-				return nil, &InputError{Field: field + ".expr", Reason: fmt.Sprintf("scenario %q act %d: %v", sc.Name, act.Position, err),
+				return nil, &models.InputError{Field: field + ".expr", Reason: fmt.Sprintf("scenario %q act %d: %v", sc.Name, act.Position, err),
 					Details: map[string]any{"expression": act.Nodes.Expr}}
 			}
 			chosen = ids
 		default:
 			for j, id := range act.Nodes.IDs {
 				if byID[id] == nil {
-					return nil, Invalid(fmt.Sprintf("%s[%d]", field, j), "node %d is not in deployment %q", id, dep.Name)
+					return nil, models.Invalid(fmt.Sprintf("%s[%d]", field, j), "node %d is not in deployment %q", id, dep.Name)
 				}
 			}
 			chosen = act.Nodes.IDs
@@ -598,7 +599,7 @@ func (s *Store) PrepareScenario(ctx context.Context, name string, in ScenarioExe
 		out.Acts = append(out.Acts, sel)
 	}
 	if len(out.Input.Graphs) == 0 {
-		return nil, &InputError{Field: "deployment", Reason: fmt.Sprintf("no act of scenario %q selects a node of deployment %q that can run: nothing to do", sc.Name, dep.Name),
+		return nil, &models.InputError{Field: "deployment", Reason: fmt.Sprintf("no act of scenario %q selects a node of deployment %q that can run: nothing to do", sc.Name, dep.Name),
 			Details: map[string]any{"acts": out.Acts, "nothing_to_run": true}}
 	}
 	return out, nil
@@ -606,10 +607,10 @@ func (s *Store) PrepareScenario(ctx context.Context, name string, in ScenarioExe
 
 // plannableNode: the annealer gives work only to allocated, alive and
 // available nodes (as plannableNodes in transactions.go).
-func plannableNode(n *Node) bool { return n != nil && n.Allocated && n.Alive && n.Available }
+func plannableNode(n *models.Node) bool { return n != nil && n.Allocated && n.Alive && n.Available }
 
 // ExprNode is what a node-selection expression sees of a node.
-func ExprNode(n *Node) nodeexpr.Node {
+func ExprNode(n *models.Node) nodeexpr.Node {
 	errType := ""
 	if n.ErrorType != nil {
 		errType = *n.ErrorType
@@ -626,7 +627,7 @@ var graphFieldRe = regexp.MustCompile(`^graphs\[(\d+)\](\.type)?`)
 // transaction's graphs ("graphs[1].type") to the scenario's acts
 // ("scenario[2].graph_type"), so the caller sees which act is wrong.
 func (p *ScenarioPlan) MapError(err error) error {
-	var ie *InputError
+	var ie *models.InputError
 	if !errors.As(err, &ie) {
 		return err
 	}

@@ -1,4 +1,4 @@
-package models
+package crowbar
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/attrs"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
@@ -16,9 +17,6 @@ import (
 // NodeRoleRunGraph is the graph_type of a noderole's task run, so that its
 // runs read apart from a transaction's.
 const NodeRoleRunGraph = "noderole"
-
-// NodeRoleTimeoutSec bounds one run of a noderole on its node.
-const NodeRoleTimeoutSec = 600
 
 // PrepareNodeRoleRun creates the task run of run number run of a noderole
 // in transition, with the attributes it sees (NodeRoleAttrs). It is
@@ -30,12 +28,12 @@ func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*con
 		if err != nil {
 			return err
 		}
-		var role Role
+		var role models.Role
 		if err := tx.Take(&role, nr.RoleID).Error; err != nil {
 			return fmt.Errorf("load role of noderole %d: %w", id, err)
 		}
 		out = &contract.NodeRoleRunPlan{NodeRoleID: id, Run: run, NodeID: nr.NodeID, Node: nr.NodeName, Role: role.Name,
-			Jig: role.Jig, HasScript: role.Script != "", TimeoutSec: NodeRoleTimeoutSec}
+			Jig: role.Jig, HasScript: role.Script != "", TimeoutSec: models.NodeRoleTimeoutSec}
 		if nr.State != contract.NodeRoleTransition || nr.RunCount+1 != run {
 			out.Skip = fmt.Sprintf("noderole %d is %s after %d runs; run %d is not awaited", id, nr.State, nr.RunCount, run)
 			return nil
@@ -44,7 +42,7 @@ func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*con
 		if err != nil {
 			return err
 		}
-		spec := RunSpec{Cmd: role.Script, TimeoutSec: NodeRoleTimeoutSec}
+		spec := models.RunSpec{Cmd: role.Script, TimeoutSec: models.NodeRoleTimeoutSec}
 		if err := tx.Exec(`INSERT INTO task_runs (noderole_id, graph_index, graph_type, node_id, node_name, task_name,
 				task_type, position, spec, state, attrs_in)
 			VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -52,7 +50,7 @@ func (s *Store) PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*con
 			id, NodeRoleRunGraph, nr.NodeID, nr.NodeName, role.Name, "shell", run, jsonValue(spec), contract.RunPending, jsonb(sees)).Error; err != nil {
 			return fmt.Errorf("create run %d of noderole %d: %w", run, id, err)
 		}
-		return tx.Model(&TaskRun{}).Where("noderole_id = ? AND position = ?", id, run).Pluck("id", &out.RunID).Error
+		return tx.Model(&models.TaskRun{}).Where("noderole_id = ? AND position = ?", id, run).Pluck("id", &out.RunID).Error
 	})
 	if err != nil {
 		return nil, err
@@ -88,7 +86,7 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 		if nr.State != contract.NodeRoleTransition || nr.RunCount+1 != run {
 			return nil
 		}
-		var runs []TaskRun
+		var runs []models.TaskRun
 		if err := tx.Where("noderole_id = ? AND position = ?", id, run).Limit(1).Find(&runs).Error; err != nil {
 			return fmt.Errorf("load run %d of noderole %d: %w", run, id, err)
 		}
@@ -113,8 +111,8 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 				if !ok {
 					state = contract.RunFailed
 				}
-				if err := tx.Model(&TaskRun{}).Where("id = ?", r.ID).Updates(map[string]any{
-					"state": state, "error": reason, "finished_at": Now(), "updated_at": Now()}).Error; err != nil {
+				if err := tx.Model(&models.TaskRun{}).Where("id = ?", r.ID).Updates(map[string]any{
+					"state": state, "error": reason, "finished_at": models.Now(), "updated_at": models.Now()}).Error; err != nil {
 					return fmt.Errorf("end run %d: %w", r.ID, err)
 				}
 			}

@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/anneal-dev/anneal/models"
 )
 
 // Plugin is a named, versioned bundle of graphs. A deployment enables
@@ -50,25 +52,25 @@ const (
 func validatePlugin(in PluginInput) error {
 	switch {
 	case in.Name == "":
-		return Invalid("name", "is required")
+		return models.Invalid("name", "is required")
 	case len(in.Name) > maxPluginName:
-		return Invalid("name", "must be at most %d characters", maxPluginName)
+		return models.Invalid("name", "must be at most %d characters", maxPluginName)
 	case !pluginNameRe.MatchString(in.Name):
-		return Invalid("name", "%q must start with a letter or digit and contain only letters, digits, '.', '_' and '-'", in.Name)
+		return models.Invalid("name", "%q must start with a letter or digit and contain only letters, digits, '.', '_' and '-'", in.Name)
 	}
 	if _, err := strconv.ParseInt(in.Name, 10, 64); err == nil {
-		return Invalid("name", "%q must not be a number (numbers address plugins by id)", in.Name)
+		return models.Invalid("name", "%q must not be a number (numbers address plugins by id)", in.Name)
 	}
 	switch {
 	case in.Version == "":
-		return Invalid("version", "is required, e.g. \"1.0.0\"")
+		return models.Invalid("version", "is required, e.g. \"1.0.0\"")
 	case len(in.Version) > maxPluginName:
-		return Invalid("version", "must be at most %d characters", maxPluginName)
+		return models.Invalid("version", "must be at most %d characters", maxPluginName)
 	case !pluginVersionRe.MatchString(in.Version):
-		return Invalid("version", "%q must start with a letter or digit and contain only letters, digits, '.', '_', '+' and '-'", in.Version)
+		return models.Invalid("version", "%q must start with a letter or digit and contain only letters, digits, '.', '_', '+' and '-'", in.Version)
 	}
 	if len(in.Title) > maxPluginTitle {
-		return Invalid("title", "must be at most %d characters", maxPluginTitle)
+		return models.Invalid("title", "must be at most %d characters", maxPluginTitle)
 	}
 	return nil
 }
@@ -87,10 +89,10 @@ func (s *Store) CreatePlugin(ctx context.Context, in PluginInput) (*Plugin, erro
 			return fmt.Errorf("check plugin %s@%s: %w", in.Name, in.Version, err)
 		}
 		if count > 0 {
-			return &ConflictError{Reason: conflict}
+			return &models.ConflictError{Reason: conflict}
 		}
 		if err := tx.Create(p).Error; err != nil {
-			return fmt.Errorf("create plugin %s@%s: %w", in.Name, in.Version, UniqueViolation(err, conflict))
+			return fmt.Errorf("create plugin %s@%s: %w", in.Name, in.Version, models.UniqueViolation(err, conflict))
 		}
 		return nil
 	})
@@ -103,7 +105,7 @@ func (s *Store) CreatePlugin(ctx context.Context, in PluginInput) (*Plugin, erro
 // findPlugin looks a plugin up by id (all digits), name@version or name (the
 // newest of that name).
 func findPlugin(tx *gorm.DB, ref string) (*Plugin, error) {
-	return takeRef[Plugin](byVersionedRef(tx, ref), "plugin", ref)
+	return models.TakeRef[Plugin](models.ByVersionedRef(tx, ref), "plugin", ref)
 }
 
 // Plugin finds a plugin by id, name@version or name (newest).
@@ -124,7 +126,7 @@ func (s *Store) Plugins(ctx context.Context) ([]Plugin, error) {
 // order (plugin id).
 func (s *Store) DeploymentPlugins(ctx context.Context, depRef string) ([]Plugin, error) {
 	db := s.DB.WithContext(ctx)
-	dep, err := FindDeployment(db, depRef)
+	dep, err := models.FindDeployment(db, depRef)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +158,7 @@ func (s *Store) setPlugin(ctx context.Context, depRef, pluginRef string, enable 
 		if err := lockGraphs(tx); err != nil {
 			return err
 		}
-		dep, err := FindDeployment(tx, depRef)
+		dep, err := models.FindDeployment(tx, depRef)
 		if err != nil {
 			return err
 		}
@@ -169,13 +171,13 @@ func (s *Store) setPlugin(ctx context.Context, depRef, pluginRef string, enable 
 			Order("type").Pluck("type", &types).Error; err != nil {
 			return fmt.Errorf("list graphs of plugin %s: %w", p.Name, err)
 		}
-		before, err := mergedProblems(tx, []Deployment{*dep}, types)
+		before, err := mergedProblems(tx, []models.Deployment{*dep}, types)
 		if err != nil {
 			return err
 		}
 		if enable {
 			if err := tx.Exec("INSERT INTO deployment_plugins (deployment_id, plugin_id, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-				dep.ID, p.ID, Now()).Error; err != nil {
+				dep.ID, p.ID, models.Now()).Error; err != nil {
 				return fmt.Errorf("enable plugin %s for %s: %w", p.Name, dep.Name, err)
 			}
 		} else {
@@ -184,10 +186,10 @@ func (s *Store) setPlugin(ctx context.Context, depRef, pluginRef string, enable 
 				return fmt.Errorf("disable plugin %s for %s: %w", p.Name, dep.Name, res.Error)
 			}
 			if res.RowsAffected == 0 {
-				return fmt.Errorf("plugin %s@%s is not enabled for deployment %s: %w", p.Name, p.Version, dep.Name, ErrNotFound)
+				return fmt.Errorf("plugin %s@%s is not enabled for deployment %s: %w", p.Name, p.Version, dep.Name, models.ErrNotFound)
 			}
 		}
-		after, err := mergedProblems(tx, []Deployment{*dep}, types)
+		after, err := mergedProblems(tx, []models.Deployment{*dep}, types)
 		if err != nil {
 			return err
 		}
@@ -196,7 +198,7 @@ func (s *Store) setPlugin(ctx context.Context, depRef, pluginRef string, enable 
 			if enable {
 				verb = "enabling"
 			}
-			return &ConflictError{Reason: fmt.Sprintf("%s plugin %s@%s would break graph %q of deployment %q: %v",
+			return &models.ConflictError{Reason: fmt.Sprintf("%s plugin %s@%s would break graph %q of deployment %q: %v",
 				verb, p.Name, p.Version, pr.graphType, pr.dep.Name, pr.err)}
 		}
 		return nil

@@ -1,4 +1,4 @@
-package models
+package crowbar
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -40,12 +41,12 @@ type NodeRoleFilter struct {
 // deployment, snapshot, node or role.
 func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, error) {
 	if f.State != "" && !slices.Contains(NodeRoleStates, f.State) {
-		return nil, &InputError{Field: "state",
+		return nil, &models.InputError{Field: "state",
 			Reason:  fmt.Sprintf("%q is not a noderole state; valid states: %s", f.State, strings.Join(NodeRoleStates, ", ")),
 			Details: map[string]any{"valid": NodeRoleStates}}
 	}
 	if f.Snapshot < 0 {
-		return nil, Invalid("snapshot", "%d is not a snapshot id", f.Snapshot)
+		return nil, models.Invalid("snapshot", "%d is not a snapshot id", f.Snapshot)
 	}
 	out := []NodeRole{}
 	// One database transaction, so that a commit landing between finding
@@ -53,12 +54,12 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 	// answer across two snapshots.
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		q := tx.Model(&NodeRole{}).Order("id")
-		var dep *Deployment
+		var dep *models.Deployment
 		if f.Deployment != "" {
 			var err error
-			dep, err = FindDeployment(tx, f.Deployment)
-			if errors.Is(err, ErrNotFound) {
-				return Invalid("deployment", "no deployment named or numbered %q", f.Deployment)
+			dep, err = models.FindDeployment(tx, f.Deployment)
+			if errors.Is(err, models.ErrNotFound) {
+				return models.Invalid("deployment", "no deployment named or numbered %q", f.Deployment)
 			}
 			if err != nil {
 				return err
@@ -71,10 +72,10 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 				return fmt.Errorf("load snapshot %d: %w", f.Snapshot, err)
 			}
 			if len(snaps) == 0 {
-				return Invalid("snapshot", "no snapshot %d", f.Snapshot)
+				return models.Invalid("snapshot", "no snapshot %d", f.Snapshot)
 			}
 			if dep != nil && snaps[0].DeploymentID != dep.ID {
-				return Invalid("snapshot", "snapshot %d belongs to deployment %d, not to %q", f.Snapshot, snaps[0].DeploymentID, dep.Name)
+				return models.Invalid("snapshot", "snapshot %d belongs to deployment %d, not to %q", f.Snapshot, snaps[0].DeploymentID, dep.Name)
 			}
 			q = q.Where("snapshot_id = ?", f.Snapshot)
 		case dep != nil:
@@ -92,9 +93,9 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 			q = q.Where("snapshot_id IN (SELECT id FROM snapshots WHERE state = ?)", SnapshotCommitted)
 		}
 		if f.Node != "" {
-			node, err := takeRef[Node](byRef(tx.Select("id"), f.Node), "node", f.Node)
-			if errors.Is(err, ErrNotFound) {
-				return Invalid("node", "no node named or numbered %q", f.Node)
+			node, err := models.TakeRef[models.Node](models.ByRef(tx.Select("id"), f.Node), "node", f.Node)
+			if errors.Is(err, models.ErrNotFound) {
+				return models.Invalid("node", "no node named or numbered %q", f.Node)
 			}
 			if err != nil {
 				return err
@@ -104,11 +105,11 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 		if f.Role != "" {
 			// A name no release defines is a typo, not an empty answer.
 			var known int64
-			if err := tx.Model(&Role{}).Where("name = ?", f.Role).Count(&known).Error; err != nil {
+			if err := tx.Model(&models.Role{}).Where("name = ?", f.Role).Count(&known).Error; err != nil {
 				return fmt.Errorf("check role %s: %w", f.Role, err)
 			}
 			if known == 0 {
-				return Invalid("role", "no release defines a role named %q", f.Role)
+				return models.Invalid("role", "no release defines a role named %q", f.Role)
 			}
 			q = q.Where("role_id IN (SELECT id FROM roles WHERE name = ?)", f.Role)
 		}
@@ -131,8 +132,8 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 // run saw, handed back, printed and how it ended. A copy made by proposing
 // a snapshot has no runs of its own until it runs again: it shows the
 // newest run of its role on its node, from the snapshots it came from.
-func lastNodeRoleRun(tx *gorm.DB, id int64) (*TaskRun, error) {
-	var runs []TaskRun
+func lastNodeRoleRun(tx *gorm.DB, id int64) (*models.TaskRun, error) {
+	var runs []models.TaskRun
 	if err := tx.Where("noderole_id = ?", id).Order("position DESC").Limit(1).Find(&runs).Error; err != nil {
 		return nil, fmt.Errorf("load the last run of noderole %d: %w", id, err)
 	}

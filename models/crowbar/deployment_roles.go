@@ -1,4 +1,4 @@
-package models
+package crowbar
 
 import (
 	"cmp"
@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"gorm.io/gorm"
+
+	"github.com/anneal-dev/anneal/models"
 )
 
 // DeploymentRoleView is a deployment role as the API shows it: the stored
@@ -24,7 +26,7 @@ type DeploymentRoleView struct {
 func (s *Store) DeploymentRoles(ctx context.Context, deploymentRef string) ([]DeploymentRoleView, error) {
 	out := []DeploymentRoleView{}
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := FindDeployment(tx, deploymentRef)
+		dep, err := models.FindDeployment(tx, deploymentRef)
 		if err != nil {
 			return err
 		}
@@ -58,7 +60,7 @@ func (s *Store) DeploymentRole(ctx context.Context, deploymentRef, roleRef strin
 		}
 		if len(drs) == 0 {
 			return fmt.Errorf("deployment %q has no defaults for role %q yet (they are seeded from the role's template when the role is first bound there, or set with PUT): %w",
-				dep.Name, role.Name, ErrNotFound)
+				dep.Name, role.Name, models.ErrNotFound)
 		}
 		views, err := viewDeploymentRoles(tx, drs)
 		if err != nil {
@@ -79,7 +81,7 @@ func (s *Store) DeploymentRole(ctx context.Context, deploymentRef, roleRef strin
 // noderoles keep theirs.
 func (s *Store) SetDeploymentRole(ctx context.Context, deploymentRef, roleRef string, data map[string]any) (*DeploymentRoleView, bool, error) {
 	if data == nil {
-		return nil, false, Invalid("data", "is required: a JSON object")
+		return nil, false, models.Invalid("data", "is required: a JSON object")
 	}
 	var out *DeploymentRoleView
 	var created bool
@@ -125,11 +127,11 @@ func (s *Store) SetDeploymentRole(ctx context.Context, deploymentRef, roleRef st
 // deploymentAndRole finds the deployment addressed (not found: 404, it is
 // the resource) and resolves the role in its release chain (resolveRole:
 // an unknown or ambiguous role is bad input naming "role").
-func deploymentAndRole(tx *gorm.DB, deploymentRef, roleRef string) (*Deployment, *Role, error) {
+func deploymentAndRole(tx *gorm.DB, deploymentRef, roleRef string) (*models.Deployment, *models.Role, error) {
 	if roleRef == "" {
-		return nil, nil, Invalid("role", "is required")
+		return nil, nil, models.Invalid("role", "is required")
 	}
-	dep, err := FindDeployment(tx, deploymentRef)
+	dep, err := models.FindDeployment(tx, deploymentRef)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -156,11 +158,11 @@ func viewDeploymentRoles(tx *gorm.DB, drs []DeploymentRole) ([]DeploymentRoleVie
 	for i, dr := range drs {
 		ids[i] = dr.RoleID
 	}
-	var roles []Role
+	var roles []models.Role
 	if err := tx.Select("id", "name", "release_id").Where("id IN ?", ids).Find(&roles).Error; err != nil {
 		return nil, fmt.Errorf("load the roles of deployment roles: %w", err)
 	}
-	byID := make(map[int64]Role, len(roles))
+	byID := make(map[int64]models.Role, len(roles))
 	for _, r := range roles {
 		byID[r.ID] = r
 	}

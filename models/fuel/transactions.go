@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/plan"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
@@ -33,16 +34,16 @@ type ExecuteInput struct {
 // database transaction: if start fails, nothing is written.
 func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start func(*Transaction) error) (*Transaction, error) {
 	if in.Deployment == "" {
-		return nil, Invalid("deployment", "is required (a deployment name or id)")
+		return nil, models.Invalid("deployment", "is required (a deployment name or id)")
 	}
 	if len(in.Graphs) == 0 {
-		return nil, Invalid("graphs", "must list at least one graph, e.g. [{\"type\": \"deployment\"}]")
+		return nil, models.Invalid("graphs", "must list at least one graph, e.g. [{\"type\": \"deployment\"}]")
 	}
 	var txn *Transaction
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := FindDeployment(tx, in.Deployment)
-		if errors.Is(err, ErrNotFound) {
-			return Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
+		dep, err := models.FindDeployment(tx, in.Deployment)
+		if errors.Is(err, models.ErrNotFound) {
+			return models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
 		}
 		if err != nil {
 			return err
@@ -58,7 +59,7 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 			g := &in.Graphs[i]
 			field := fmt.Sprintf("graphs[%d]", i)
 			if g.Type == "" {
-				return Invalid(field+".type", "is required")
+				return models.Invalid(field+".type", "is required")
 			}
 			if err := checkValves(field+".", g.MaxNodesInFlight, g.FailureThreshold); err != nil {
 				return err
@@ -70,8 +71,8 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 				g.FailureThreshold = in.FailureThreshold
 			}
 			graph, err := graphTasks(tx, dep, g.Type)
-			if errors.Is(err, ErrNotFound) {
-				return Invalid(field+".type", "deployment %q has no graph of type %q", dep.Name, g.Type)
+			if errors.Is(err, models.ErrNotFound) {
+				return models.Invalid(field+".type", "deployment %q has no graph of type %q", dep.Name, g.Type)
 			}
 			if err != nil {
 				return err
@@ -87,13 +88,13 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 					continue
 				}
 				if _, err := runSpec(&graph.Tasks[j]); err != nil {
-					return Invalid(field+".type", "graph %q: %v", g.Type, err)
+					return models.Invalid(field+".type", "graph %q: %v", g.Type, err)
 				}
 			}
 		}
 		txn = &Transaction{
 			ID: uuid.New(), DeploymentID: dep.ID, Graphs: in.Graphs, DryRun: in.DryRun, Force: in.Force,
-			Status: TxPending, Warnings: []string{},
+			Status: models.TxPending, Warnings: []string{},
 		}
 		txn.WorkflowID = contract.TransactionWorkflowID(txn.ID.String())
 		if err := tx.Create(txn).Error; err != nil {
@@ -110,20 +111,20 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 // checkValves validates the safety valves of a transaction or a graph.
 func checkValves(prefix string, maxNodes int, threshold *int) error {
 	if maxNodes < 0 {
-		return Invalid(prefix+"max_nodes_in_flight", "must be 0 (the default, %d) or more", contract.DefaultMaxNodesInFlight)
+		return models.Invalid(prefix+"max_nodes_in_flight", "must be 0 (the default, %d) or more", contract.DefaultMaxNodesInFlight)
 	}
 	if threshold != nil && (*threshold < 0 || *threshold > 100) {
-		return Invalid(prefix+"failure_threshold", "must be a percentage from 0 to 100, not %d", *threshold)
+		return models.Invalid(prefix+"failure_threshold", "must be a percentage from 0 to 100, not %d", *threshold)
 	}
 	return nil
 }
 
 // checkFilters verifies that every node of a graph's filter belongs to the
 // deployment and every task names a task of the graph.
-func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *Deployment, tx *gorm.DB) error {
+func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *models.Deployment, tx *gorm.DB) error {
 	if len(g.Nodes) > 0 {
 		var found []int64
-		if err := tx.Model(&Node{}).Where("id IN ? AND deployment_id = ?", g.Nodes, dep.ID).Pluck("id", &found).Error; err != nil {
+		if err := tx.Model(&models.Node{}).Where("id IN ? AND deployment_id = ?", g.Nodes, dep.ID).Pluck("id", &found).Error; err != nil {
 			return fmt.Errorf("check nodes: %w", err)
 		}
 		have := map[int64]bool{}
@@ -132,7 +133,7 @@ func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *Deplo
 		}
 		for j, id := range g.Nodes {
 			if !have[id] {
-				return Invalid(fmt.Sprintf("%s.nodes[%d]", field, j), "node %d is not in deployment %q", id, dep.Name)
+				return models.Invalid(fmt.Sprintf("%s.nodes[%d]", field, j), "node %d is not in deployment %q", id, dep.Name)
 			}
 		}
 	}
@@ -142,7 +143,7 @@ func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *Deplo
 	}
 	for j, name := range g.Tasks {
 		if !known[name] {
-			return Invalid(fmt.Sprintf("%s.tasks[%d]", field, j), "graph %q has no task %q", g.Type, name)
+			return models.Invalid(fmt.Sprintf("%s.tasks[%d]", field, j), "graph %q has no task %q", g.Type, name)
 		}
 	}
 	return nil
@@ -152,11 +153,11 @@ func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *Deplo
 func planError(field string, err error) error {
 	var cycle *plan.CycleError
 	if errors.As(err, &cycle) {
-		return &InputError{Field: field, Reason: err.Error(), Details: map[string]any{"cycle": cycle.Path}}
+		return &models.InputError{Field: field, Reason: err.Error(), Details: map[string]any{"cycle": cycle.Path}}
 	}
 	var verr *plan.ValidationError
 	if errors.As(err, &verr) {
-		return &InputError{Field: field, Reason: err.Error()}
+		return &models.InputError{Field: field, Reason: err.Error()}
 	}
 	return fmt.Errorf("%s: %w", field, err)
 }
@@ -167,7 +168,7 @@ func planError(field string, err error) error {
 // has_primary tag is decided among all the deployment's nodes and recorded
 // (see primaryPlanningTags in tags.go); it also gets "primary-<tag>".
 func plannableNodes(tx *gorm.DB, deploymentID int64) ([]plan.Node, error) {
-	var nodes []Node
+	var nodes []models.Node
 	err := tx.Select("id", "name", "roles", "tags", "allocated", "alive", "available").
 		Where("deployment_id = ?", deploymentID).
 		Order("name").Find(&nodes).Error
@@ -192,7 +193,7 @@ func (s *Store) Transaction(ctx context.Context, id uuid.UUID) (*Transaction, er
 	var txn Transaction
 	err := s.DB.WithContext(ctx).Take(&txn, "id = ?", id).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, NotFound("transaction", id)
+		return nil, models.NotFound("transaction", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load transaction %s: %w", id, err)
@@ -219,7 +220,7 @@ func (s *Store) TransactionStatus(ctx context.Context, id uuid.UUID) (*Transacti
 	}
 	db := s.DB.WithContext(ctx)
 	out := &TransactionStatus{Transaction: *txn, Counts: map[string]int{}}
-	var dep Deployment
+	var dep models.Deployment
 	if err := db.Select("name").Take(&dep, txn.DeploymentID).Error; err != nil {
 		return nil, fmt.Errorf("load deployment of transaction %s: %w", id, err)
 	}
@@ -249,7 +250,7 @@ func runCounts(db *gorm.DB, id uuid.UUID) (map[string]int, error) {
 		State string
 		N     int
 	}
-	if err := db.Model(&TaskRun{}).Select("state, count(*) AS n").Where("transaction_id = ?", id).Group("state").Scan(&rows).Error; err != nil {
+	if err := db.Model(&models.TaskRun{}).Select("state, count(*) AS n").Where("transaction_id = ?", id).Group("state").Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("count runs of %s: %w", id, err)
 	}
 	out := map[string]int{}
@@ -261,7 +262,7 @@ func runCounts(db *gorm.DB, id uuid.UUID) (map[string]int, error) {
 
 // failedRuns names up to limit failed runs as "task@node: reason".
 func failedRuns(db *gorm.DB, id uuid.UUID, limit int) ([]string, error) {
-	var runs []TaskRun
+	var runs []models.TaskRun
 	err := db.Select("task_name", "node_name", "exit_code", "error", "graph_type").
 		Where("transaction_id = ? AND state = ?", id, contract.RunFailed).Order("finished_at, id").Limit(limit).Find(&runs).Error
 	if err != nil {
@@ -284,39 +285,39 @@ func failedRuns(db *gorm.DB, id uuid.UUID, limit int) ([]string, error) {
 func (s *Store) FinishTransaction(ctx context.Context, id uuid.UUID, stopped bool, failReason string) (*TransactionStatus, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Runs a stop or a failed plan left behind never ran.
-		if err := tx.Model(&TaskRun{}).Where("transaction_id = ? AND state = ?", id, contract.RunPending).
-			Updates(map[string]any{"state": contract.RunCancelled, "error": "never started: the transaction ended first", "updated_at": Now()}).Error; err != nil {
+		if err := tx.Model(&models.TaskRun{}).Where("transaction_id = ? AND state = ?", id, contract.RunPending).
+			Updates(map[string]any{"state": contract.RunCancelled, "error": "never started: the transaction ended first", "updated_at": models.Now()}).Error; err != nil {
 			return fmt.Errorf("cancel leftover runs of %s: %w", id, err)
 		}
 		counts, err := runCounts(tx, id)
 		if err != nil {
 			return err
 		}
-		status, msg := TxReady, ""
+		status, msg := models.TxReady, ""
 		switch {
 		case failReason != "":
-			status, msg = TxError, failReason
+			status, msg = models.TxError, failReason
 		case stopped:
-			status, msg = TxStopped, "stopped by request"
+			status, msg = models.TxStopped, "stopped by request"
 		case counts[contract.RunFailed] > 0 || counts[contract.RunBlocked] > 0 || counts[contract.RunCancelled] > 0:
 			failed, err := failedRuns(tx, id, 10)
 			if err != nil {
 				return err
 			}
-			status = TxError
+			status = models.TxError
 			msg = fmt.Sprintf("%d run(s) failed, %d blocked, %d cancelled", counts[contract.RunFailed], counts[contract.RunBlocked], counts[contract.RunCancelled])
 			if len(failed) > 0 {
 				msg += ": " + strings.Join(failed, "; ")
 			}
 		}
 		res := tx.Model(&Transaction{}).Where("id = ?", id).Updates(map[string]any{
-			"status": status, "error": msg, "finished_at": Now(),
+			"status": status, "error": msg, "finished_at": models.Now(),
 		})
 		if res.Error != nil {
 			return fmt.Errorf("finish transaction %s: %w", id, res.Error)
 		}
 		if res.RowsAffected == 0 {
-			return NotFound("transaction", id)
+			return models.NotFound("transaction", id)
 		}
 		return nil
 	})
@@ -333,7 +334,7 @@ type RunFilter struct {
 }
 
 // Runs lists a transaction's runs in plan order.
-func (s *Store) Runs(ctx context.Context, id uuid.UUID, f RunFilter) ([]TaskRun, error) {
+func (s *Store) Runs(ctx context.Context, id uuid.UUID, f RunFilter) ([]models.TaskRun, error) {
 	if _, err := s.Transaction(ctx, id); err != nil {
 		return nil, err
 	}
@@ -344,7 +345,7 @@ func (s *Store) Runs(ctx context.Context, id uuid.UUID, f RunFilter) ([]TaskRun,
 	if f.State != "" {
 		q = q.Where("state = ?", f.State)
 	}
-	var runs []TaskRun
+	var runs []models.TaskRun
 	if err := q.Find(&runs).Error; err != nil {
 		return nil, fmt.Errorf("list runs of %s: %w", id, err)
 	}
@@ -369,14 +370,14 @@ func (s *Store) ReopenTransaction(ctx context.Context, id uuid.UUID, start func(
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
 			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return NotFound("transaction", id)
+				return models.NotFound("transaction", id)
 			}
 			return fmt.Errorf("load transaction %s: %w", id, err)
 		}
-		if txn.Status != TxError && txn.Status != TxStopped {
-			return &ConflictError{Reason: fmt.Sprintf("transaction %s is %s; only a failed (error) or stopped one can be retried", id, txn.Status)}
+		if txn.Status != models.TxError && txn.Status != models.TxStopped {
+			return &models.ConflictError{Reason: fmt.Sprintf("transaction %s is %s; only a failed (error) or stopped one can be retried", id, txn.Status)}
 		}
-		txn.Status, txn.Error, txn.FinishedAt = TxPending, "", nil
+		txn.Status, txn.Error, txn.FinishedAt = models.TxPending, "", nil
 		if err := tx.Model(&txn).Select("status", "error", "finished_at").Updates(&txn).Error; err != nil {
 			return fmt.Errorf("reopen transaction %s: %w", id, err)
 		}

@@ -1,0 +1,137 @@
+package fuel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/anneal-dev/anneal/models"
+)
+
+// nodeAttributeUpdates turns a callback's node_attributes into column
+// updates of a node: status (only a storable one; Fuel's "ready" means
+// deployed, transient ones are computed and so ignored), error_type (null
+// clears it), and any other key into the node's attributes.
+func nodeAttributeUpdates(node *models.Node, attrs map[string]any) map[string]any {
+	updates := map[string]any{}
+	extra := maps.Clone(node.Attributes)
+	if extra == nil {
+		extra = map[string]any{}
+	}
+	changedExtra := false
+	for key, value := range attrs {
+		switch key {
+		case "status":
+			status, _ := value.(string)
+			if status == "ready" {
+				status = models.NodeDeployed
+			}
+			if status == models.NodeDiscover || status == models.NodeProvisioned || status == models.NodeDeployed {
+				updates["status"] = status
+			}
+		case "error_type":
+			if s, ok := value.(string); ok && s != "" {
+				updates["error_type"] = s
+			} else {
+				updates["error_type"] = nil
+			}
+		case "progress":
+			// Progress belongs to the framework: it resets when an action ends.
+		default:
+			extra[key] = value
+			changedExtra = true
+		}
+	}
+	if changedExtra {
+		updates["attributes"] = extra
+	}
+	return updates
+}
+
+// callbackAttributes reads node_attributes of on_<outcome> from a graph's
+// metadata; a missing or null callback does nothing.
+func callbackAttributes(metadata map[string]any, outcome string) map[string]any {
+	cb, _ := metadata["on_"+outcome].(map[string]any)
+	attrs, _ := cb["node_attributes"].(map[string]any)
+	return attrs
+}
+
+// StartNodeGraph marks a node busy with a graph: progress 0 until it ends.
+func (s *Store) StartNodeGraph(ctx context.Context, nodeID int64) error {
+	err := s.DB.WithContext(ctx).Model(&models.Node{}).Where("id = ?", nodeID).
+		Updates(map[string]any{"progress": 0, "updated_at": models.Now()}).Error
+	if err != nil {
+		return fmt.Errorf("start graph on node %d: %w", nodeID, err)
+	}
+	return nil
+}
+
+// FinishNodeGraph applies the graph's on_success, on_error or on_stop
+// callback to the node and resets its progress to 100 (the action has
+// committed). Applying it twice gives the same node.
+func (s *Store) FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeID int64, outcome string) error {
+	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var txn Transaction
+		if err := tx.Take(&txn, "id = ?", id).Error; err != nil {
+			return fmt.Errorf("load transaction %s: %w", id, err)
+		}
+		if gi < 0 || gi >= len(txn.Graphs) {
+			return fmt.Errorf("transaction %s has no graph %d", id, gi)
+		}
+		var dep models.Deployment
+		if err := tx.Take(&dep, txn.DeploymentID).Error; err != nil {
+			return fmt.Errorf("load deployment of %s: %w", id, err)
+		}
+		graph, err := resolveGraph(tx, &dep, txn.Graphs[gi].Type)
+		if err != nil && !errors.Is(err, models.ErrNotFound) {
+			return err
+		}
+		var node models.Node
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&node, nodeID).Error; err != nil {
+			return fmt.Errorf("load node %d: %w", nodeID, err)
+		}
+		updates := map[string]any{}
+		if graph != nil {
+			updates = nodeAttributeUpdates(&node, callbackAttributes(graph.Metadata, outcome))
+		}
+		updates["progress"] = 100
+		updates["updated_at"] = models.Now()
+		if attrs, ok := updates["attributes"]; ok {
+			node.Attributes = attrs.(map[string]any)
+			delete(updates, "attributes")
+			if err := tx.Model(&node).Select("attributes").Updates(&models.Node{Attributes: node.Attributes}).Error; err != nil {
+				return fmt.Errorf("update attributes of node %d: %w", nodeID, err)
+			}
+		}
+		if err := tx.Model(&models.Node{}).Where("id = ?", nodeID).Updates(updates).Error; err != nil {
+			return fmt.Errorf("finish graph on node %d: %w", nodeID, err)
+		}
+		return nil
+	})
+}
+
+// MoveToBootstrap returns a node to discovery: back in the system
+// deployment, without roles or tags, status discover and no error. Its
+// credential stays, so its agent carries on.
+func (s *Store) MoveToBootstrap(ctx context.Context, nodeID int64) error {
+	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		sys, err := models.FindDeployment(tx, models.SystemDeployment)
+		if err != nil {
+			return err
+		}
+		node := models.Node{ID: nodeID, DeploymentID: sys.ID, Roles: []string{}, Tags: []string{}, Status: models.NodeDiscover, UpdatedAt: models.Now()}
+		res := tx.Model(&node).Select("deployment_id", "roles", "tags", "status", "error_type", "updated_at").Updates(&node)
+		if res.Error != nil {
+			return fmt.Errorf("move node %d to bootstrap: %w", nodeID, res.Error)
+		}
+		if res.RowsAffected == 0 {
+			return models.NotFound("node", nodeID)
+		}
+		return nil
+	})
+}

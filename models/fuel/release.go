@@ -1,0 +1,42 @@
+package fuel
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"gorm.io/gorm"
+
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/plan"
+)
+
+// A release's graphs and tags are Fuel's part of it: every import
+// validates the graphs' tasks first, then replaces the release's graphs
+// and its declared tags (user-created tags are kept).
+func init() {
+	models.RegisterReleaseSection(models.ReleaseSection{Name: "graphs and tags", Validate: validateReleaseGraphs, Save: saveReleaseGraphsAndTags})
+}
+
+func validateReleaseGraphs(spec models.ReleaseSpec) error {
+	for _, typ := range slices.Sorted(maps.Keys(spec.Graphs)) {
+		if err := plan.Validate(spec.Graphs[typ].Tasks); err != nil {
+			return models.Invalid(fmt.Sprintf("graphs.%s.tasks", typ), "%v", err)
+		}
+	}
+	return nil
+}
+
+func saveReleaseGraphsAndTags(tx *gorm.DB, rel *models.Release, spec models.ReleaseSpec) error {
+	if err := tx.Where("owner_kind = ? AND owner_id = ?", OwnerRelease, rel.ID).Delete(&Graph{}).Error; err != nil {
+		return fmt.Errorf("replace graphs: %w", err)
+	}
+	for _, typ := range slices.Sorted(maps.Keys(spec.Graphs)) {
+		g := spec.Graphs[typ]
+		graph := Graph{OwnerKind: OwnerRelease, OwnerID: rel.ID, Type: typ, Name: g.Name, Metadata: g.Metadata, Tasks: g.Tasks}
+		if err := saveGraph(tx, &graph); err != nil {
+			return err
+		}
+	}
+	return syncReleaseTags(tx, rel, spec)
+}
