@@ -10,13 +10,15 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/models/storetest"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 func TestCreateTransactionValidation(t *testing.T) {
-	f := newFixture(t)
+	f := storetest.NewFixture(t)
 	noop := func(*fuel.Transaction) error { return nil }
-	ghost, _, err := f.store.CreateNode(f.ctx, models.NodeInput{Name: "ghost.anneal.test"}, true)
+	ghost, _, err := f.Store.CreateNode(f.Ctx, models.NodeInput{Name: "ghost.anneal.test"}, true)
 	require.NoError(t, err)
 
 	tests := []struct {
@@ -30,116 +32,116 @@ func TestCreateTransactionValidation(t *testing.T) {
 		{"no type", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{}}}, "graphs[0].type"},
 		{"unknown type", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}, {Type: "nope"}}}, "graphs[1].type"},
 		{"unknown task", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment", Tasks: []string{"db", "nope"}}}}, "graphs[0].tasks[1]"},
-		{"node of another deployment", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment", Nodes: []int64{f.ctl.ID, ghost.ID}}}}, "graphs[0].nodes[1]"},
+		{"node of another deployment", fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment", Nodes: []int64{f.Ctl.ID, ghost.ID}}}}, "graphs[0].nodes[1]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := f.store.CreateTransaction(f.ctx, tt.in, noop)
-			requireInput(t, err, tt.field)
+			_, err := f.Store.CreateTransaction(f.Ctx, tt.in, noop)
+			storetest.RequireInput(t, err, tt.field)
 		})
 	}
 
 	// A failing start rolls the transaction back.
 	boom := errors.New("temporal is down")
-	_, err = f.store.CreateTransaction(f.ctx, fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
+	_, err = f.Store.CreateTransaction(f.Ctx, fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
 		func(*fuel.Transaction) error { return boom })
 	assert.ErrorIs(t, err, boom)
-	assert.Zero(t, count(t, f.store, &fuel.Transaction{}))
+	assert.Zero(t, storetest.Count(t, f.Store, &fuel.Transaction{}))
 
 	var started *fuel.Transaction
-	txn, err := f.store.CreateTransaction(f.ctx, fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}}, Force: true},
+	txn, err := f.Store.CreateTransaction(f.Ctx, fuel.ExecuteInput{Deployment: "prod", Graphs: []fuel.GraphRequest{{Type: "deployment"}}, Force: true},
 		func(tx *fuel.Transaction) error { started = tx; return nil })
 	require.NoError(t, err)
 	assert.Same(t, txn, started)
 	assert.Equal(t, models.TxPending, txn.Status)
 	assert.Equal(t, "tx-"+txn.ID.String(), txn.WorkflowID)
-	assert.Equal(t, f.dep.ID, txn.DeploymentID)
-	loaded, err := f.store.Transaction(f.ctx, txn.ID)
+	assert.Equal(t, f.Dep.ID, txn.DeploymentID)
+	loaded, err := f.Store.Transaction(f.Ctx, txn.ID)
 	require.NoError(t, err)
 	assert.True(t, loaded.Force)
 	assert.Equal(t, []fuel.GraphRequest{{Type: "deployment"}}, loaded.Graphs)
-	_, err = f.store.Transaction(f.ctx, uuid.New())
+	_, err = f.Store.Transaction(f.Ctx, uuid.New())
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
 func TestPlanGraph(t *testing.T) {
-	f := newFixture(t)
-	txn, gp := f.plan(t)
+	f := storetest.NewFixture(t)
+	txn, gp := f.Plan(t)
 	want := &contract.GraphPlan{
 		GraphType: "deployment",
 		// ctl first: nova on cmp waits for db on ctl.
 		Nodes: []contract.PlannedNode{
-			{ID: f.ctl.ID, Name: ctlName, Runs: 2},
-			{ID: f.cmp.ID, Name: cmpName, Runs: 2},
+			{ID: f.Ctl.ID, Name: storetest.CtlName, Runs: 2},
+			{ID: f.Cmp.ID, Name: storetest.CmpName, Runs: 2},
 		},
 		Runs:             4,
 		MaxNodesInFlight: contract.DefaultMaxNodesInFlight,
 		FailureThreshold: ptr(fuel.DefaultFailureThreshold),
 	}
 	assert.Equal(t, want, gp)
-	assert.EqualValues(t, 4, count(t, f.store, &models.TaskRun{}))
-	assert.EqualValues(t, 3, count(t, f.store, &models.RunEdge{}))
+	assert.EqualValues(t, 4, storetest.Count(t, f.Store, &models.TaskRun{}))
+	assert.EqualValues(t, 3, storetest.Count(t, f.Store, &models.RunEdge{}))
 
-	loaded, err := f.store.Transaction(f.ctx, txn.ID)
+	loaded, err := f.Store.Transaction(f.Ctx, txn.ID)
 	require.NoError(t, err)
 	assert.Equal(t, models.TxRunning, loaded.Status)
 	require.NotNil(t, loaded.StartedAt)
 
-	runs := f.runsByLabel(t, txn)
+	runs := f.RunsByLabel(t, txn)
 	require.Len(t, runs, 4)
-	setup := runs["setup@"+ctlName]
+	setup := runs["setup@"+storetest.CtlName]
 	assert.Equal(t, contract.RunPending, setup.State)
 	assert.Equal(t, "shell", setup.TaskType)
 	assert.Equal(t, models.RunSpec{Jig: fuel.JigAgent, Cmd: "echo setup", TimeoutSec: 30, Retries: 2}, setup.Spec)
-	assert.Equal(t, models.DefaultTaskTimeoutSec, runs["db@"+ctlName].Spec.TimeoutSec)
-	assert.Less(t, runs["db@"+ctlName].Position, runs["nova@"+cmpName].Position, "plan order is topological")
+	assert.Equal(t, models.DefaultTaskTimeoutSec, runs["db@"+storetest.CtlName].Spec.TimeoutSec)
+	assert.Less(t, runs["db@"+storetest.CtlName].Position, runs["nova@"+storetest.CmpName].Position, "plan order is topological")
 
 	// Planning again (an activity retry) returns the same plan and writes nothing.
-	again, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
+	again, err := f.Store.PlanGraph(f.Ctx, txn.ID, 0)
 	require.NoError(t, err)
 	assert.Equal(t, want, again)
-	assert.EqualValues(t, 4, count(t, f.store, &models.TaskRun{}))
-	assert.EqualValues(t, 3, count(t, f.store, &models.RunEdge{}))
-	loaded2, err := f.store.Transaction(f.ctx, txn.ID)
+	assert.EqualValues(t, 4, storetest.Count(t, f.Store, &models.TaskRun{}))
+	assert.EqualValues(t, 3, storetest.Count(t, f.Store, &models.RunEdge{}))
+	loaded2, err := f.Store.Transaction(f.Ctx, txn.ID)
 	require.NoError(t, err)
 	assert.Equal(t, loaded.StartedAt, loaded2.StartedAt, "a retry does not restart the transaction")
 
-	_, err = f.store.PlanGraph(f.ctx, txn.ID, 1)
+	_, err = f.Store.PlanGraph(f.Ctx, txn.ID, 1)
 	assert.Error(t, err)
-	_, err = f.store.PlanGraph(f.ctx, uuid.New(), 0)
+	_, err = f.Store.PlanGraph(f.Ctx, uuid.New(), 0)
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	// Runs filters by node name or id and by state.
-	mine, err := f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{Node: cmpName})
+	mine, err := f.Store.Runs(f.Ctx, txn.ID, fuel.RunFilter{Node: storetest.CmpName})
 	require.NoError(t, err)
 	assert.Len(t, mine, 2)
 	const ghostName = "ghost.anneal.test"
-	mine, err = f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{Node: ghostName, State: contract.RunPending})
+	mine, err = f.Store.Runs(f.Ctx, txn.ID, fuel.RunFilter{Node: ghostName, State: contract.RunPending})
 	require.NoError(t, err)
 	assert.Empty(t, mine)
-	_, err = f.store.Runs(f.ctx, uuid.New(), fuel.RunFilter{})
+	_, err = f.Store.Runs(f.Ctx, uuid.New(), fuel.RunFilter{})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
 func TestPlanGraphFiltersAndDryRun(t *testing.T) {
-	f := newFixture(t)
-	txn := f.execute(t, fuel.ExecuteInput{DryRun: true, Graphs: []fuel.GraphRequest{
-		{Type: "deployment", Nodes: []int64{f.ctl.ID}},
+	f := storetest.NewFixture(t)
+	txn := f.Execute(t, fuel.ExecuteInput{DryRun: true, Graphs: []fuel.GraphRequest{
+		{Type: "deployment", Nodes: []int64{f.Ctl.ID}},
 		{Type: "provision"},
 	}})
-	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
+	gp, err := f.Store.PlanGraph(f.Ctx, txn.ID, 0)
 	require.NoError(t, err)
 	assert.True(t, gp.DryRun)
 	assert.Equal(t, 2, gp.Runs)
 	require.Len(t, gp.Nodes, 1)
-	assert.Equal(t, ctlName, gp.Nodes[0].Name)
+	assert.Equal(t, storetest.CtlName, gp.Nodes[0].Name)
 
-	gp, err = f.store.PlanGraph(f.ctx, txn.ID, 1)
+	gp, err = f.Store.PlanGraph(f.Ctx, txn.ID, 1)
 	require.NoError(t, err)
 	assert.Equal(t, "provision", gp.GraphType)
 	assert.Equal(t, 2, gp.Runs, "the noop task selects every node")
 
-	runs, err := f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{})
+	runs, err := f.Store.Runs(f.Ctx, txn.ID, fuel.RunFilter{})
 	require.NoError(t, err)
 	require.Len(t, runs, 4)
 	for _, r := range runs {
@@ -148,12 +150,12 @@ func TestPlanGraphFiltersAndDryRun(t *testing.T) {
 	assert.Equal(t, 0, runs[0].GraphIndex)
 	assert.Equal(t, 1, runs[3].GraphIndex)
 
-	np, err := f.store.NodePlan(f.ctx, txn.ID, 1, f.cmp.ID)
+	np, err := f.Store.NodePlan(f.Ctx, txn.ID, 1, f.Cmp.ID)
 	require.NoError(t, err)
 	require.Len(t, np.Runs, 1)
 	assert.True(t, np.Runs[0].NoOp)
 
-	st, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
+	st, err := f.Store.FinishTransaction(f.Ctx, txn.ID, false, "")
 	require.NoError(t, err)
 	assert.Equal(t, models.TxReady, st.Status)
 	assert.Equal(t, 100, st.Progress)
@@ -161,13 +163,13 @@ func TestPlanGraphFiltersAndDryRun(t *testing.T) {
 }
 
 func TestNodePlan(t *testing.T) {
-	f := newFixture(t)
-	txn, _ := f.plan(t)
-	runs := f.runsByLabel(t, txn)
-	setupCtl, db := runs["setup@"+ctlName], runs["db@"+ctlName]
-	setupCmp, nova := runs["setup@"+cmpName], runs["nova@"+cmpName]
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setupCtl, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	setupCmp, nova := runs["setup@"+storetest.CmpName], runs["nova@"+storetest.CmpName]
 
-	cmp, err := f.store.NodePlan(f.ctx, txn.ID, 0, f.cmp.ID)
+	cmp, err := f.Store.NodePlan(f.Ctx, txn.ID, 0, f.Cmp.ID)
 	require.NoError(t, err)
 	require.Len(t, cmp.Runs, 2)
 	assert.Equal(t, contract.NodeRun{ID: setupCmp.ID, Task: "setup", State: contract.RunPending, TimeoutSec: 30, Retries: 2}, cmp.Runs[0])
@@ -177,44 +179,44 @@ func TestNodePlan(t *testing.T) {
 	}, cmp.Runs[1])
 	assert.Equal(t, map[int64]string{db.ID: contract.RunPending}, cmp.RemoteStates)
 
-	ctl, err := f.store.NodePlan(f.ctx, txn.ID, 0, f.ctl.ID)
+	ctl, err := f.Store.NodePlan(f.Ctx, txn.ID, 0, f.Ctl.ID)
 	require.NoError(t, err)
 	require.Len(t, ctl.Runs, 2)
 	assert.Equal(t, setupCtl.ID, ctl.Runs[0].ID)
 	assert.Empty(t, ctl.Runs[0].Parents)
 	assert.Equal(t, []int64{setupCtl.ID}, ctl.Runs[1].Parents, "a local edge is listed once")
 	assert.Empty(t, ctl.Runs[1].Remote)
-	assert.Equal(t, []contract.Peer{{RunID: nova.ID, Node: cmpName}}, ctl.Runs[1].RemoteKids)
+	assert.Equal(t, []contract.Peer{{RunID: nova.ID, Node: storetest.CmpName}}, ctl.Runs[1].RemoteKids)
 	assert.Empty(t, ctl.RemoteStates)
 
 	// A node workflow started late learns what its remote parents did.
-	require.NoError(t, f.store.SucceedNoOp(f.ctx, db.ID))
-	cmp, err = f.store.NodePlan(f.ctx, txn.ID, 0, f.cmp.ID)
+	require.NoError(t, f.Store.SucceedNoOp(f.Ctx, db.ID))
+	cmp, err = f.Store.NodePlan(f.Ctx, txn.ID, 0, f.Cmp.ID)
 	require.NoError(t, err)
 	assert.Equal(t, map[int64]string{db.ID: contract.RunSucceeded}, cmp.RemoteStates)
-	states, err := f.store.RunStates(f.ctx, []int64{db.ID, nova.ID})
+	states, err := f.Store.RunStates(f.Ctx, []int64{db.ID, nova.ID})
 	require.NoError(t, err)
 	assert.Equal(t, map[int64]string{db.ID: contract.RunSucceeded, nova.ID: contract.RunPending}, states)
 
-	none, err := f.store.NodePlan(f.ctx, txn.ID, 0, f.ctl.ID+f.cmp.ID+100)
+	none, err := f.Store.NodePlan(f.Ctx, txn.ID, 0, f.Ctl.ID+f.Cmp.ID+100)
 	require.NoError(t, err)
 	assert.Empty(t, none.Runs)
 }
 
 func TestDispatchAndClaim(t *testing.T) {
-	f := newFixture(t)
-	txn, _ := f.plan(t)
-	setup := f.runsByLabel(t, txn)["setup@"+ctlName]
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	setup := f.RunsByLabel(t, txn)["setup@"+storetest.CtlName]
 
-	empty, err := f.store.ClaimWork(f.ctx, f.ctl.ID)
+	empty, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
 	require.NoError(t, err)
 	assert.Empty(t, empty, "pending runs are not handed out")
 
-	run, err := f.store.DispatchRun(f.ctx, setup.ID, []byte("token-1"))
+	run, err := f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-1"))
 	require.NoError(t, err)
 	assert.Equal(t, setup.ID, run.ID)
 
-	claimed, err := f.store.ClaimWork(f.ctx, f.ctl.ID)
+	claimed, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.Equal(t, setup.ID, claimed[0].ID)
@@ -224,70 +226,70 @@ func TestDispatchAndClaim(t *testing.T) {
 	assert.Equal(t, []byte("token-1"), claimed[0].TaskToken)
 	assert.NotNil(t, claimed[0].ClaimedAt)
 
-	again, err := f.store.ClaimWork(f.ctx, f.ctl.ID)
+	again, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
 	require.NoError(t, err)
 	assert.Empty(t, again, "a run is handed out once per attempt")
-	other, err := f.store.ClaimWork(f.ctx, f.cmp.ID)
+	other, err := f.Store.ClaimWork(f.Ctx, f.Cmp.ID)
 	require.NoError(t, err)
 	assert.Empty(t, other, "another node's run is not its work")
 
 	// A retried activity dispatches a new attempt: the agent gets it again.
-	_, err = f.store.DispatchRun(f.ctx, setup.ID, []byte("token-2"))
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-2"))
 	require.NoError(t, err)
-	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID)
+	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.Equal(t, 2, claimed[0].Attempt)
 	assert.Equal(t, []byte("token-2"), claimed[0].TaskToken)
 
 	// Once it succeeded, a further dispatch returns it untouched.
-	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 2})
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 2})
 	require.NoError(t, err)
-	run, err = f.store.DispatchRun(f.ctx, setup.ID, []byte("token-3"))
+	run, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-3"))
 	require.NoError(t, err)
 	assert.Equal(t, contract.RunSucceeded, run.State)
 	assert.Equal(t, 2, run.Attempt)
-	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID)
+	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
 	require.NoError(t, err)
 	assert.Empty(t, claimed)
 
-	_, err = f.store.DispatchRun(f.ctx, setup.ID+1000, nil)
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID+1000, nil)
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
-	mine, err := f.store.AgentRun(f.ctx, f.ctl.ID, setup.ID)
+	mine, err := f.Store.AgentRun(f.Ctx, f.Ctl.ID, setup.ID)
 	require.NoError(t, err)
 	assert.Equal(t, setup.ID, mine.ID)
-	_, err = f.store.AgentRun(f.ctx, f.cmp.ID, setup.ID)
+	_, err = f.Store.AgentRun(f.Ctx, f.Cmp.ID, setup.ID)
 	assert.ErrorIs(t, err, models.ErrForbidden)
-	_, err = f.store.AgentRun(f.ctx, f.ctl.ID, setup.ID+1000)
+	_, err = f.Store.AgentRun(f.Ctx, f.Ctl.ID, setup.ID+1000)
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
 func TestRecordRunResult(t *testing.T) {
-	f := newFixture(t)
-	txn, _ := f.plan(t)
-	runs := f.runsByLabel(t, txn)
-	setup, db := runs["setup@"+ctlName], runs["db@"+ctlName]
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
 
-	_, err := f.store.DispatchRun(f.ctx, setup.ID, nil)
+	_, err := f.Store.DispatchRun(f.Ctx, setup.ID, nil)
 	require.NoError(t, err)
 
 	ok := protocol.RunResult{Attempt: 1, StdoutTail: "done\x00", Outputs: map[string]string{"url": "http://x\x00"}}
-	_, err = f.store.RecordRunResult(f.ctx, f.cmp.ID, setup.ID, ok)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Cmp.ID, setup.ID, ok)
 	assert.ErrorIs(t, err, models.ErrForbidden, "another node's run")
-	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 2})
-	requireConflict(t, err)
-	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID+1000, ok)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 2})
+	storetest.RequireConflict(t, err)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID+1000, ok)
 	assert.ErrorIs(t, err, models.ErrNotFound)
-	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, db.ID, protocol.RunResult{})
-	requireConflict(t, err) // pending, not running
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{})
+	storetest.RequireConflict(t, err) // pending, not running
 
-	rec, err := f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, ok)
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, ok)
 	require.NoError(t, err)
 	assert.True(t, rec.Changed)
 	assert.Equal(t, contract.RunSucceeded, rec.Run.State)
 
-	loaded, err := f.store.AgentRun(f.ctx, f.ctl.ID, setup.ID)
+	loaded, err := f.Store.AgentRun(f.Ctx, f.Ctl.ID, setup.ID)
 	require.NoError(t, err)
 	assert.Equal(t, contract.RunSucceeded, loaded.State)
 	require.NotNil(t, loaded.ExitCode)
@@ -297,98 +299,98 @@ func TestRecordRunResult(t *testing.T) {
 	assert.NotNil(t, loaded.FinishedAt)
 
 	// The agent reporting again (a lost answer) changes nothing.
-	rec, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 9})
+	rec, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 9})
 	require.NoError(t, err)
 	assert.False(t, rec.Changed)
 	assert.Equal(t, contract.RunSucceeded, rec.Run.State)
 
 	// A failure by exit code and one by error message.
-	_, err = f.store.DispatchRun(f.ctx, db.ID, nil)
+	_, err = f.Store.DispatchRun(f.Ctx, db.ID, nil)
 	require.NoError(t, err)
-	rec, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, db.ID, protocol.RunResult{Attempt: 1, ExitCode: 3})
+	rec, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 1, ExitCode: 3})
 	require.NoError(t, err)
 	assert.True(t, rec.Changed)
 	assert.Equal(t, contract.RunFailed, rec.Run.State)
-	nova := runs["nova@"+cmpName]
-	_, err = f.store.DispatchRun(f.ctx, nova.ID, nil)
+	nova := runs["nova@"+storetest.CmpName]
+	_, err = f.Store.DispatchRun(f.Ctx, nova.ID, nil)
 	require.NoError(t, err)
-	rec, err = f.store.RecordRunResult(f.ctx, f.cmp.ID, nova.ID, protocol.RunResult{Attempt: 1, Error: "timed out"})
+	rec, err = f.Store.RecordRunResult(f.Ctx, f.Cmp.ID, nova.ID, protocol.RunResult{Attempt: 1, Error: "timed out"})
 	require.NoError(t, err)
 	assert.Equal(t, contract.RunFailed, rec.Run.State)
 
-	st, err := f.store.TransactionStatus(f.ctx, txn.ID)
+	st, err := f.Store.TransactionStatus(f.Ctx, txn.ID)
 	require.NoError(t, err)
 	assert.Equal(t, "prod", st.Deployment)
 	assert.Equal(t, 4, st.Total)
 	assert.Equal(t, 75, st.Progress)
-	assert.ElementsMatch(t, []string{"db@" + ctlName + ": exit code 3", "nova@" + cmpName + ": timed out"}, st.FailedRuns)
+	assert.ElementsMatch(t, []string{"db@" + storetest.CtlName + ": exit code 3", "nova@" + storetest.CmpName + ": timed out"}, st.FailedRuns)
 }
 
 func TestFailRun(t *testing.T) {
-	f := newFixture(t)
-	txn, _ := f.plan(t)
-	runs := f.runsByLabel(t, txn)
-	setupCtl, db := runs["setup@"+ctlName], runs["db@"+ctlName]
-	setupCmp, nova := runs["setup@"+cmpName], runs["nova@"+cmpName]
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setupCtl, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	setupCmp, nova := runs["setup@"+storetest.CmpName], runs["nova@"+storetest.CmpName]
 
-	_, err := f.store.DispatchRun(f.ctx, setupCtl.ID, nil)
+	_, err := f.Store.DispatchRun(f.Ctx, setupCtl.ID, nil)
 	require.NoError(t, err)
-	_, err = f.store.DispatchRun(f.ctx, setupCmp.ID, nil)
+	_, err = f.Store.DispatchRun(f.Ctx, setupCmp.ID, nil)
 	require.NoError(t, err)
-	_, err = f.store.RecordRunResult(f.ctx, f.cmp.ID, setupCmp.ID, protocol.RunResult{Attempt: 1})
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Cmp.ID, setupCmp.ID, protocol.RunResult{Attempt: 1})
 	require.NoError(t, err)
 
 	// setup@ctl times out; only pending runs can be blocked by it.
-	require.NoError(t, f.store.FailRun(f.ctx, setupCtl.ID, "heartbeat timeout", []int64{db.ID, nova.ID, setupCmp.ID}))
-	got := f.runsByLabel(t, txn)
-	assert.Equal(t, contract.RunFailed, got["setup@"+ctlName].State)
-	assert.Equal(t, "heartbeat timeout", got["setup@"+ctlName].Error)
-	assert.NotNil(t, got["setup@"+ctlName].FinishedAt)
-	assert.Equal(t, contract.RunBlocked, got["db@"+ctlName].State)
-	assert.Equal(t, contract.RunBlocked, got["nova@"+cmpName].State)
-	assert.Equal(t, contract.RunSucceeded, got["setup@"+cmpName].State, "a finished run is not blocked")
+	require.NoError(t, f.Store.FailRun(f.Ctx, setupCtl.ID, "heartbeat timeout", []int64{db.ID, nova.ID, setupCmp.ID}))
+	got := f.RunsByLabel(t, txn)
+	assert.Equal(t, contract.RunFailed, got["setup@"+storetest.CtlName].State)
+	assert.Equal(t, "heartbeat timeout", got["setup@"+storetest.CtlName].Error)
+	assert.NotNil(t, got["setup@"+storetest.CtlName].FinishedAt)
+	assert.Equal(t, contract.RunBlocked, got["db@"+storetest.CtlName].State)
+	assert.Equal(t, contract.RunBlocked, got["nova@"+storetest.CmpName].State)
+	assert.Equal(t, contract.RunSucceeded, got["setup@"+storetest.CmpName].State, "a finished run is not blocked")
 
 	// Failing a run that already ended changes nothing.
-	require.NoError(t, f.store.FailRun(f.ctx, setupCmp.ID, "late", nil))
-	got = f.runsByLabel(t, txn)
-	assert.Equal(t, contract.RunSucceeded, got["setup@"+cmpName].State)
-	assert.Empty(t, got["setup@"+cmpName].Error)
+	require.NoError(t, f.Store.FailRun(f.Ctx, setupCmp.ID, "late", nil))
+	got = f.RunsByLabel(t, txn)
+	assert.Equal(t, contract.RunSucceeded, got["setup@"+storetest.CmpName].State)
+	assert.Empty(t, got["setup@"+storetest.CmpName].Error)
 
 	// Only blocking, without a run of its own to fail.
-	txn2, _ := f.plan(t)
-	runs2 := f.runsByLabel(t, txn2)
-	_, err = f.store.DispatchRun(f.ctx, runs2["db@"+ctlName].ID, nil)
+	txn2, _ := f.Plan(t)
+	runs2 := f.RunsByLabel(t, txn2)
+	_, err = f.Store.DispatchRun(f.Ctx, runs2["db@"+storetest.CtlName].ID, nil)
 	require.NoError(t, err)
-	require.NoError(t, f.store.FailRun(f.ctx, 0, "", []int64{runs2["db@"+ctlName].ID, runs2["nova@"+cmpName].ID}))
-	got = f.runsByLabel(t, txn2)
-	assert.Equal(t, contract.RunRunning, got["db@"+ctlName].State, "a running run is not blocked")
-	assert.Equal(t, contract.RunBlocked, got["nova@"+cmpName].State)
+	require.NoError(t, f.Store.FailRun(f.Ctx, 0, "", []int64{runs2["db@"+storetest.CtlName].ID, runs2["nova@"+storetest.CmpName].ID}))
+	got = f.RunsByLabel(t, txn2)
+	assert.Equal(t, contract.RunRunning, got["db@"+storetest.CtlName].State, "a running run is not blocked")
+	assert.Equal(t, contract.RunBlocked, got["nova@"+storetest.CmpName].State)
 
-	require.NoError(t, f.store.CancelRuns(f.ctx, []int64{runs2["setup@"+cmpName].ID, runs2["nova@"+cmpName].ID}, "stopped"))
-	got = f.runsByLabel(t, txn2)
-	assert.Equal(t, contract.RunCancelled, got["setup@"+cmpName].State)
-	assert.Equal(t, contract.RunBlocked, got["nova@"+cmpName].State, "only pending runs are cancelled")
+	require.NoError(t, f.Store.CancelRuns(f.Ctx, []int64{runs2["setup@"+storetest.CmpName].ID, runs2["nova@"+storetest.CmpName].ID}, "stopped"))
+	got = f.RunsByLabel(t, txn2)
+	assert.Equal(t, contract.RunCancelled, got["setup@"+storetest.CmpName].State)
+	assert.Equal(t, contract.RunBlocked, got["nova@"+storetest.CmpName].State, "only pending runs are cancelled")
 
-	require.NoError(t, f.store.AbandonNodeRuns(f.ctx, txn2.ID, 0, f.ctl.ID, "node workflow terminated"))
-	got = f.runsByLabel(t, txn2)
-	assert.Equal(t, contract.RunFailed, got["db@"+ctlName].State)
-	assert.Equal(t, contract.RunFailed, got["setup@"+ctlName].State)
-	assert.Equal(t, "node workflow terminated", got["setup@"+ctlName].Error)
-	assert.Equal(t, contract.RunCancelled, got["setup@"+cmpName].State, "another node's runs are left alone")
+	require.NoError(t, f.Store.AbandonNodeRuns(f.Ctx, txn2.ID, 0, f.Ctl.ID, "node workflow terminated"))
+	got = f.RunsByLabel(t, txn2)
+	assert.Equal(t, contract.RunFailed, got["db@"+storetest.CtlName].State)
+	assert.Equal(t, contract.RunFailed, got["setup@"+storetest.CtlName].State)
+	assert.Equal(t, "node workflow terminated", got["setup@"+storetest.CtlName].Error)
+	assert.Equal(t, contract.RunCancelled, got["setup@"+storetest.CmpName].State, "another node's runs are left alone")
 }
 
 func TestFinishTransaction(t *testing.T) {
-	f := newFixture(t)
+	f := storetest.NewFixture(t)
 	succeedAll := func(t *testing.T, txn *fuel.Transaction) {
-		for _, r := range f.runsByLabel(t, txn) {
-			require.NoError(t, f.store.SucceedNoOp(f.ctx, r.ID))
+		for _, r := range f.RunsByLabel(t, txn) {
+			require.NoError(t, f.Store.SucceedNoOp(f.Ctx, r.ID))
 		}
 	}
 
 	t.Run("ready", func(t *testing.T) {
-		txn, _ := f.plan(t)
+		txn, _ := f.Plan(t)
 		succeedAll(t, txn)
-		st, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
+		st, err := f.Store.FinishTransaction(f.Ctx, txn.ID, false, "")
 		require.NoError(t, err)
 		assert.Equal(t, models.TxReady, st.Status)
 		assert.Empty(t, st.Error)
@@ -398,21 +400,21 @@ func TestFinishTransaction(t *testing.T) {
 	})
 
 	t.Run("failed run makes error and leftovers are cancelled", func(t *testing.T) {
-		txn, _ := f.plan(t)
-		runs := f.runsByLabel(t, txn)
-		setup, db := runs["setup@"+ctlName], runs["db@"+ctlName]
-		require.NoError(t, f.store.SucceedNoOp(f.ctx, runs["setup@"+cmpName].ID))
-		_, err := f.store.DispatchRun(f.ctx, setup.ID, nil)
+		txn, _ := f.Plan(t)
+		runs := f.RunsByLabel(t, txn)
+		setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+		require.NoError(t, f.Store.SucceedNoOp(f.Ctx, runs["setup@"+storetest.CmpName].ID))
+		_, err := f.Store.DispatchRun(f.Ctx, setup.ID, nil)
 		require.NoError(t, err)
-		_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 2})
+		_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 2})
 		require.NoError(t, err)
-		require.NoError(t, f.store.FailRun(f.ctx, 0, "", []int64{db.ID}))
+		require.NoError(t, f.Store.FailRun(f.Ctx, 0, "", []int64{db.ID}))
 
-		st, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
+		st, err := f.Store.FinishTransaction(f.Ctx, txn.ID, false, "")
 		require.NoError(t, err)
 		assert.Equal(t, models.TxError, st.Status)
 		assert.Contains(t, st.Error, "1 run(s) failed, 1 blocked")
-		assert.Contains(t, st.Error, "setup@"+ctlName+": exit code 2")
+		assert.Contains(t, st.Error, "setup@"+storetest.CtlName+": exit code 2")
 		assert.Equal(t, map[string]int{
 			contract.RunSucceeded: 1, contract.RunFailed: 1, contract.RunBlocked: 1, contract.RunCancelled: 1,
 		}, st.Counts, "nova never ran: cancelled")
@@ -420,10 +422,10 @@ func TestFinishTransaction(t *testing.T) {
 	})
 
 	t.Run("stopped", func(t *testing.T) {
-		txn, _ := f.plan(t)
-		runs := f.runsByLabel(t, txn)
-		require.NoError(t, f.store.SucceedNoOp(f.ctx, runs["setup@"+ctlName].ID))
-		st, err := f.store.FinishTransaction(f.ctx, txn.ID, true, "")
+		txn, _ := f.Plan(t)
+		runs := f.RunsByLabel(t, txn)
+		require.NoError(t, f.Store.SucceedNoOp(f.Ctx, runs["setup@"+storetest.CtlName].ID))
+		st, err := f.Store.FinishTransaction(f.Ctx, txn.ID, true, "")
 		require.NoError(t, err)
 		assert.Equal(t, models.TxStopped, st.Status)
 		assert.Equal(t, "stopped by request", st.Error)
@@ -431,17 +433,17 @@ func TestFinishTransaction(t *testing.T) {
 	})
 
 	t.Run("fail reason wins", func(t *testing.T) {
-		txn, _ := f.plan(t)
+		txn, _ := f.Plan(t)
 		succeedAll(t, txn)
-		st, err := f.store.FinishTransaction(f.ctx, txn.ID, true, "graph 0 could not be planned: cycle")
+		st, err := f.Store.FinishTransaction(f.Ctx, txn.ID, true, "graph 0 could not be planned: cycle")
 		require.NoError(t, err)
 		assert.Equal(t, models.TxError, st.Status)
 		assert.Equal(t, "graph 0 could not be planned: cycle", st.Error)
 	})
 
 	t.Run("unplanned transaction", func(t *testing.T) {
-		txn := f.execute(t, fuel.ExecuteInput{})
-		st, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
+		txn := f.Execute(t, fuel.ExecuteInput{})
+		st, err := f.Store.FinishTransaction(f.Ctx, txn.ID, false, "")
 		require.NoError(t, err)
 		assert.Equal(t, models.TxReady, st.Status)
 		assert.Zero(t, st.Total)
@@ -449,40 +451,40 @@ func TestFinishTransaction(t *testing.T) {
 	})
 
 	t.Run("unknown transaction", func(t *testing.T) {
-		_, err := f.store.FinishTransaction(f.ctx, uuid.New(), false, "")
+		_, err := f.Store.FinishTransaction(f.Ctx, uuid.New(), false, "")
 		assert.ErrorIs(t, err, models.ErrNotFound)
 	})
 }
 
 func TestPlanGraphAgainReopensUnfinishedRuns(t *testing.T) {
-	f := newFixture(t)
-	txn, _ := f.plan(t)
-	runs := f.runsByLabel(t, txn)
-	setup, db := runs["setup@"+ctlName], runs["db@"+ctlName]
-	require.NoError(t, f.store.SucceedNoOp(f.ctx, runs["setup@"+cmpName].ID))
-	_, err := f.store.DispatchRun(f.ctx, setup.ID, nil)
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	require.NoError(t, f.Store.SucceedNoOp(f.Ctx, runs["setup@"+storetest.CmpName].ID))
+	_, err := f.Store.DispatchRun(f.Ctx, setup.ID, nil)
 	require.NoError(t, err)
-	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 1})
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: 1})
 	require.NoError(t, err)
-	require.NoError(t, f.store.FailRun(f.ctx, 0, "", []int64{db.ID}))
-	st, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
+	require.NoError(t, f.Store.FailRun(f.Ctx, 0, "", []int64{db.ID}))
+	st, err := f.Store.FinishTransaction(f.Ctx, txn.ID, false, "")
 	require.NoError(t, err)
 	require.Equal(t, models.TxError, st.Status)
 
 	// The workflow is reset and plans again: the plan is kept, what did not
 	// succeed is pending again and the transaction runs again.
-	gp, err := f.store.PlanGraph(f.ctx, txn.ID, 0)
+	gp, err := f.Store.PlanGraph(f.Ctx, txn.ID, 0)
 	require.NoError(t, err)
 	assert.Equal(t, 4, gp.Runs)
-	assert.EqualValues(t, 4, count(t, f.store, &models.TaskRun{}))
-	loaded, err := f.store.Transaction(f.ctx, txn.ID)
+	assert.EqualValues(t, 4, storetest.Count(t, f.Store, &models.TaskRun{}))
+	loaded, err := f.Store.Transaction(f.Ctx, txn.ID)
 	require.NoError(t, err)
 	assert.Equal(t, models.TxRunning, loaded.Status)
 	assert.Empty(t, loaded.Error)
 	assert.Nil(t, loaded.FinishedAt)
-	got := f.runsByLabel(t, txn)
-	assert.Equal(t, contract.RunSucceeded, got["setup@"+cmpName].State)
-	for _, label := range []string{"setup@" + ctlName, "db@" + ctlName, "nova@" + cmpName} {
+	got := f.RunsByLabel(t, txn)
+	assert.Equal(t, contract.RunSucceeded, got["setup@"+storetest.CmpName].State)
+	for _, label := range []string{"setup@" + storetest.CtlName, "db@" + storetest.CtlName, "nova@" + storetest.CmpName} {
 		assert.Equal(t, contract.RunPending, got[label].State, label)
 		assert.Empty(t, got[label].Error, label)
 		assert.Nil(t, got[label].ExitCode, label)

@@ -10,11 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/plan"
+	"github.com/anneal-dev/anneal/models/storetest"
 )
 
 func TestMigrateIsIdempotent(t *testing.T) {
-	store, ctx := newStore(t)
+	store, ctx := storetest.New(t)
 	// The test database is a clone of a migrated template: migrating again,
 	// twice, must change nothing.
 	require.NoError(t, models.Migrate(ctx, store.DB))
@@ -28,25 +30,25 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		want = append(want, strings.TrimSuffix(filepath.Base(f), ".sql"))
 	}
 	assert.Equal(t, want, ids, "each migration recorded once")
-	assert.EqualValues(t, 1, count(t, store, &models.Deployment{}, "name = ?", models.SystemDeployment))
+	assert.EqualValues(t, 1, storetest.Count(t, store, &models.Deployment{}, "name = ?", models.SystemDeployment))
 }
 
 func TestCreateNodeValidation(t *testing.T) {
-	store, ctx := newStore(t)
+	store, ctx := storetest.New(t)
 	for _, name := range []string{"", "Upper.anneal.test", "bad_label.anneal.test", "-x.anneal.test",
 		"node.example.com", "anneal.test"} {
 		node, secret, err := store.CreateNode(ctx, models.NodeInput{Name: name}, true)
-		requireInput(t, err, "name")
+		storetest.RequireInput(t, err, "name")
 		assert.Nil(t, node, name)
 		assert.Empty(t, secret, name)
 	}
 	_, _, err := store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test", Deployment: "nope"}, false)
-	requireInput(t, err, "deployment")
-	assert.Zero(t, count(t, store, &models.Node{}), "a refused node must leave nothing behind")
+	storetest.RequireInput(t, err, "deployment")
+	assert.Zero(t, storetest.Count(t, store, &models.Node{}), "a refused node must leave nothing behind")
 }
 
 func TestCreateNode(t *testing.T) {
-	store, ctx := newStore(t)
+	store, ctx := storetest.New(t)
 	node, secret, err := store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test", BootID: "b1", Address: "10.0.0.1"}, false)
 	require.NoError(t, err)
 	assert.Empty(t, secret)
@@ -71,9 +73,9 @@ func TestCreateNode(t *testing.T) {
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	_, secret, err = store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test"}, true)
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 	assert.Empty(t, secret)
-	assert.EqualValues(t, 1, count(t, store, &models.Node{}))
+	assert.EqualValues(t, 1, storetest.Count(t, store, &models.Node{}))
 
 	touched, _, err := store.TouchNode(ctx, node.ID, "b2", "")
 	require.NoError(t, err)
@@ -90,7 +92,7 @@ func TestCreateNode(t *testing.T) {
 }
 
 func TestTokens(t *testing.T) {
-	store, ctx := newStore(t)
+	store, ctx := storetest.New(t)
 	node, agentSecret, err := store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test"}, true)
 	require.NoError(t, err)
 	require.NotEmpty(t, agentSecret)
@@ -117,11 +119,11 @@ func TestTokens(t *testing.T) {
 	assert.Equal(t, models.Principal{Scope: models.ScopeEnroll, Name: "pxe"}, p)
 
 	_, err = store.CreateAPIToken(ctx, "root", "superuser")
-	requireInput(t, err, "scope")
+	storetest.RequireInput(t, err, "scope")
 
 	require.NoError(t, store.ImportAPIToken(ctx, "dev", models.ScopeAdmin, "ann_dev-secret"))
 	require.NoError(t, store.ImportAPIToken(ctx, "dev", models.ScopeAdmin, "ann_dev-secret"))
-	assert.EqualValues(t, 3, count(t, store, &models.APIToken{}), "importing twice stores one token")
+	assert.EqualValues(t, 3, storetest.Count(t, store, &models.APIToken{}), "importing twice stores one token")
 	p, err = store.Authenticate(ctx, "ann_dev-secret")
 	require.NoError(t, err)
 	assert.Equal(t, models.ScopeAdmin, p.Scope)
@@ -137,40 +139,40 @@ func TestTokens(t *testing.T) {
 }
 
 func TestImportReleaseRefusesUnknownRequirement(t *testing.T) {
-	store, ctx := newStore(t)
-	spec := releaseSpec(t)
+	store, ctx := storetest.New(t)
+	spec := storetest.ReleaseSpec(t)
 	compute := spec.RolesMetadata["compute"]
 	compute.Requires = []string{"controller", "network"}
 	spec.RolesMetadata["compute"] = compute
 	_, err := store.ImportRelease(ctx, spec)
-	requireInput(t, err, "roles_metadata.compute.requires[1]")
+	storetest.RequireInput(t, err, "roles_metadata.compute.requires[1]")
 
-	spec = releaseSpec(t)
+	spec = storetest.ReleaseSpec(t)
 	g := spec.Graphs["deployment"]
 	g.Tasks = append(g.Tasks, plan.Task{ID: "broken", Requires: []string{"missing"}})
 	spec.Graphs["deployment"] = g
 	_, err = store.ImportRelease(ctx, spec)
-	requireInput(t, err, "graphs.deployment.tasks")
+	storetest.RequireInput(t, err, "graphs.deployment.tasks")
 
 	_, err = store.ImportRelease(ctx, models.ReleaseSpec{Version: "1"})
-	requireInput(t, err, "name")
+	storetest.RequireInput(t, err, "name")
 
-	spec = releaseSpec(t)
+	spec = storetest.ReleaseSpec(t)
 	compute = spec.RolesMetadata["compute"]
 	compute.Flags = []string{"implicit", "discovry"}
 	spec.RolesMetadata["compute"] = compute
 	_, err = store.ImportRelease(ctx, spec)
-	ie := requireInput(t, err, "roles_metadata.compute.flags[1]")
+	ie := storetest.RequireInput(t, err, "roles_metadata.compute.flags[1]")
 	assert.Contains(t, ie.Reason, `"discovry"`)
 
-	assert.Zero(t, count(t, store, &models.Release{}))
-	assert.Zero(t, count(t, store, &models.Role{}))
-	assert.Zero(t, count(t, store, &fuel.Graph{}))
+	assert.Zero(t, storetest.Count(t, store, &models.Release{}))
+	assert.Zero(t, storetest.Count(t, store, &models.Role{}))
+	assert.Zero(t, storetest.Count(t, store, &fuel.Graph{}))
 }
 
 func TestImportReleaseTwiceReplaces(t *testing.T) {
-	store, ctx := newStore(t)
-	first, err := store.ImportRelease(ctx, releaseSpec(t))
+	store, ctx := storetest.New(t)
+	first, err := store.ImportRelease(ctx, storetest.ReleaseSpec(t))
 	require.NoError(t, err)
 	require.Len(t, first.Roles, 2)
 
@@ -188,15 +190,15 @@ func TestImportReleaseTwiceReplaces(t *testing.T) {
 	assert.Equal(t, []string{"controller"}, rel.Roles[0].Requires)
 	assert.True(t, rel.TagsMetadata["db"].HasPrimary)
 
-	second, err := store.ImportRelease(ctx, releaseSpec(t))
+	second, err := store.ImportRelease(ctx, storetest.ReleaseSpec(t))
 	require.NoError(t, err)
 	assert.Equal(t, first.ID, second.ID, "same name and version: the release is replaced")
-	assert.EqualValues(t, 1, count(t, store, &models.Release{}))
-	assert.EqualValues(t, 2, count(t, store, &models.Role{}))
-	assert.EqualValues(t, 2, count(t, store, &fuel.Graph{}))
+	assert.EqualValues(t, 1, storetest.Count(t, store, &models.Release{}))
+	assert.EqualValues(t, 2, storetest.Count(t, store, &models.Role{}))
+	assert.EqualValues(t, 2, storetest.Count(t, store, &fuel.Graph{}))
 
 	// A changed spec replaces roles and graphs rather than adding to them.
-	spec := releaseSpec(t)
+	spec := storetest.ReleaseSpec(t)
 	delete(spec.RolesMetadata, "compute")
 	delete(spec.Graphs, "provision")
 	g := spec.Graphs["deployment"]
@@ -204,8 +206,8 @@ func TestImportReleaseTwiceReplaces(t *testing.T) {
 	spec.Graphs["deployment"] = g
 	_, err = store.ImportRelease(ctx, spec)
 	require.NoError(t, err)
-	assert.EqualValues(t, 1, count(t, store, &models.Role{}))
-	assert.EqualValues(t, 1, count(t, store, &fuel.Graph{}))
+	assert.EqualValues(t, 1, storetest.Count(t, store, &models.Role{}))
+	assert.EqualValues(t, 1, storetest.Count(t, store, &fuel.Graph{}))
 	var graph fuel.Graph
 	require.NoError(t, store.DB.Take(&graph).Error)
 	assert.Equal(t, fuel.OwnerRelease, graph.OwnerKind)
@@ -213,7 +215,7 @@ func TestImportReleaseTwiceReplaces(t *testing.T) {
 	assert.Equal(t, "setup", graph.Tasks[0].ID)
 
 	// Another version is another release; a bare name finds the newest.
-	spec = releaseSpec(t)
+	spec = storetest.ReleaseSpec(t)
 	spec.Version = "2.0"
 	v2, err := store.ImportRelease(ctx, spec)
 	require.NoError(t, err)
@@ -229,8 +231,8 @@ func TestImportReleaseTwiceReplaces(t *testing.T) {
 }
 
 func TestUpdateNodeRoles(t *testing.T) {
-	store, ctx := newStore(t)
-	_, err := store.ImportRelease(ctx, releaseSpec(t))
+	store, ctx := storetest.New(t)
+	_, err := store.ImportRelease(ctx, storetest.ReleaseSpec(t))
 	require.NoError(t, err)
 	dep, err := store.CreateDeployment(ctx, models.DeploymentInput{Name: "prod", Release: "openstack"})
 	require.NoError(t, err)
@@ -240,10 +242,10 @@ func TestUpdateNodeRoles(t *testing.T) {
 	// The system deployment has no release: no roles to assign.
 	roles := []string{"controller"}
 	_, err = store.UpdateNode(ctx, "n1.anneal.test", models.NodeUpdate{Roles: &roles})
-	requireInput(t, err, "roles[0]")
+	storetest.RequireInput(t, err, "roles[0]")
 	ghost := "ghost"
 	_, err = store.UpdateNode(ctx, "n1.anneal.test", models.NodeUpdate{Deployment: &ghost})
-	requireInput(t, err, "deployment")
+	storetest.RequireInput(t, err, "deployment")
 	_, err = store.UpdateNode(ctx, "ghost.anneal.test", models.NodeUpdate{Roles: &roles})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
@@ -265,10 +267,10 @@ func TestUpdateNodeRoles(t *testing.T) {
 	// An unknown role is refused, naming its position, and changes nothing.
 	roles = []string{"network", "controller"}
 	_, err = store.UpdateNode(ctx, "n1.anneal.test", models.NodeUpdate{Roles: &roles})
-	requireInput(t, err, "roles[0]")
+	storetest.RequireInput(t, err, "roles[0]")
 	roles = []string{"controller", "network"}
 	_, err = store.UpdateNode(ctx, "n1.anneal.test", models.NodeUpdate{Deployment: &prod, Roles: &roles})
-	requireInput(t, err, "roles[1]")
+	storetest.RequireInput(t, err, "roles[1]")
 	loaded, err := store.Node(ctx, "n1.anneal.test")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"compute"}, loaded.Roles)
@@ -287,8 +289,8 @@ func TestUpdateNodeRoles(t *testing.T) {
 }
 
 func TestCreateDeployment(t *testing.T) {
-	store, ctx := newStore(t)
-	rel, err := store.ImportRelease(ctx, releaseSpec(t))
+	store, ctx := storetest.New(t)
+	rel, err := store.ImportRelease(ctx, storetest.ReleaseSpec(t))
 	require.NoError(t, err)
 	system, err := store.Deployment(ctx, models.SystemDeployment)
 	require.NoError(t, err)
@@ -306,15 +308,15 @@ func TestCreateDeployment(t *testing.T) {
 	assert.Nil(t, child.ReleaseID)
 
 	_, err = store.CreateDeployment(ctx, models.DeploymentInput{Name: "prod", Release: "openstack"})
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 	_, err = store.CreateDeployment(ctx, models.DeploymentInput{Name: "42"})
-	requireInput(t, err, "name")
+	storetest.RequireInput(t, err, "name")
 	_, err = store.CreateDeployment(ctx, models.DeploymentInput{})
-	requireInput(t, err, "name")
+	storetest.RequireInput(t, err, "name")
 	_, err = store.CreateDeployment(ctx, models.DeploymentInput{Name: "x", Parent: "nope"})
-	requireInput(t, err, "parent")
+	storetest.RequireInput(t, err, "parent")
 	_, err = store.CreateDeployment(ctx, models.DeploymentInput{Name: "x", Release: "nope"})
-	requireInput(t, err, "release")
+	storetest.RequireInput(t, err, "release")
 
 	deps, err := store.Deployments(ctx)
 	require.NoError(t, err)
@@ -328,75 +330,4 @@ func TestCreateDeployment(t *testing.T) {
 	assert.Equal(t, "prod", byID.Name)
 	_, err = store.Deployment(ctx, "nope")
 	assert.ErrorIs(t, err, models.ErrNotFound)
-}
-
-func TestResolveGraph(t *testing.T) {
-	store, ctx := newStore(t)
-	_, err := store.ImportRelease(ctx, releaseSpec(t))
-	require.NoError(t, err)
-	// Another release with a graph of the same type must not leak in.
-	other := releaseSpec(t)
-	other.Name = "other"
-	other.Graphs["deployment"] = models.GraphSpec{Tasks: []plan.Task{{ID: "foreign", Tags: []string{"db"}}}}
-	_, err = store.ImportRelease(ctx, other)
-	require.NoError(t, err)
-	dep, err := store.CreateDeployment(ctx, models.DeploymentInput{Name: "prod", Release: "openstack"})
-	require.NoError(t, err)
-
-	g, err := store.ResolveGraph(ctx, dep, "deployment")
-	require.NoError(t, err)
-	assert.Equal(t, []string{"setup", "db", "nova"}, taskIDs(g.Tasks))
-
-	// The deployment's own graph overrides tasks by id and adds new ones.
-	require.NoError(t, store.DB.Create(&fuel.Graph{
-		OwnerKind: fuel.OwnerDeployment, OwnerID: dep.ID, Type: "deployment",
-		Metadata: map[string]any{"owner": "deployment", "extra": true},
-		Tasks: []plan.Task{
-			{ID: "db", Tags: []string{"db"}, Parameters: plan.Parameters{Cmd: "echo override"}},
-			{ID: "smoke", Tags: []string{"api"}},
-		},
-	}).Error)
-	// A deployment graph of another type, and a graph owned by another
-	// deployment, stay out.
-	require.NoError(t, store.DB.Create(&fuel.Graph{
-		OwnerKind: fuel.OwnerDeployment, OwnerID: dep.ID, Type: "custom", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "c"}},
-	}).Error)
-	require.NoError(t, store.DB.Create(&fuel.Graph{
-		OwnerKind: fuel.OwnerDeployment, OwnerID: dep.ID + 1000, Type: "deployment", Metadata: map[string]any{}, Tasks: []plan.Task{{ID: "alien"}},
-	}).Error)
-
-	g, err = store.ResolveGraph(ctx, dep, "deployment")
-	require.NoError(t, err)
-	assert.Equal(t, "deployment", g.Type)
-	assert.Equal(t, []string{"setup", "db", "nova", "smoke"}, taskIDs(g.Tasks))
-	assert.Equal(t, "echo override", g.Tasks[1].Parameters.Cmd)
-	assert.Empty(t, g.Tasks[1].Requires, "a task is replaced whole, not merged")
-	assert.Equal(t, "echo setup", g.Tasks[0].Parameters.Cmd)
-	assert.Equal(t, "deployment", g.Metadata["owner"], "deployment metadata wins")
-	assert.Equal(t, true, g.Metadata["extra"])
-	assert.Contains(t, g.Metadata, "on_success")
-
-	_, err = store.ResolveGraph(ctx, dep, "nope")
-	assert.ErrorIs(t, err, models.ErrNotFound)
-
-	types, err := store.GraphTypes(ctx, dep)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"custom", "deployment", "provision"}, types)
-
-	// A deployment without a release sees only its own graphs.
-	bare, err := store.CreateDeployment(ctx, models.DeploymentInput{Name: "bare"})
-	require.NoError(t, err)
-	_, err = store.ResolveGraph(ctx, bare, "deployment")
-	assert.ErrorIs(t, err, models.ErrNotFound)
-	types, err = store.GraphTypes(ctx, bare)
-	require.NoError(t, err)
-	assert.Empty(t, types)
-}
-
-func taskIDs(tasks []plan.Task) []string {
-	out := make([]string, len(tasks))
-	for i, t := range tasks {
-		out[i] = t.ID
-	}
-	return out
 }

@@ -7,8 +7,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 const testDomain = "anneal.test"
@@ -159,16 +157,6 @@ func TestReassignRoleTags(t *testing.T) {
 	}
 }
 
-func TestRunFinal(t *testing.T) {
-	final := map[string]bool{
-		contract.RunPlanned: true, contract.RunPending: false, contract.RunRunning: false, contract.RunSucceeded: true,
-		contract.RunFailed: true, contract.RunBlocked: true, contract.RunSkipped: true, contract.RunCancelled: true, "bogus": false,
-	}
-	for state, want := range final {
-		assert.Equal(t, want, contract.RunFinal(state), state)
-	}
-}
-
 func TestSecrets(t *testing.T) {
 	a, b := NewSecret("ann_"), NewSecret("ann_")
 	assert.True(t, strings.HasPrefix(a, "ann_"))
@@ -186,7 +174,6 @@ func TestErrors(t *testing.T) {
 	assert.Equal(t, "busy", (&ConflictError{Reason: "busy"}).Error())
 	assert.ErrorIs(t, NotFound("node", 7), ErrNotFound)
 	assert.Equal(t, "node 7: not found", NotFound("node", 7).Error())
-	assert.Equal(t, []string{"a", "b", "c"}, sortedKeys(map[string]int{"c": 1, "a": 2, "b": 3}))
 	assert.Equal(t, "ab", StripNUL("a\x00b\x00"))
-	assert.Equal(t, []string{}, nonNil(nil))
+	assert.Equal(t, []string{}, NonNil(nil))
 }

@@ -109,7 +109,7 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 			map[string]any{"node": nodeName(b[0]), "role": b[1]}, nil)
 		require.Equal(t, http.StatusCreated, status, "%s", body)
 	}
-	_, err := st.Store.CommitSnapshot(ctx, snap.ID)
+	_, err := crowbar.New(st.Store).CommitSnapshot(ctx, snap.ID)
 	require.NoError(t, err)
 
 	list := func(query string) []crowbar.NodeRole {
@@ -153,9 +153,9 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	status, body = st.Do(t, http.MethodGet, path, nil, &doc)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.NotContains(t, doc, "last_run")
-	_, err = st.Store.TransitionNodeRole(ctx, byDep[0].ID)
+	_, err = crowbar.New(st.Store).TransitionNodeRole(ctx, byDep[0].ID)
 	require.NoError(t, err)
-	plan, err := st.Store.PrepareNodeRoleRun(ctx, byDep[0].ID, 1)
+	plan, err := crowbar.New(st.Store).PrepareNodeRoleRun(ctx, byDep[0].ID, 1)
 	require.NoError(t, err)
 	require.Empty(t, plan.Skip)
 	var nr crowbar.NodeRole

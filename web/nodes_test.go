@@ -9,6 +9,7 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/models/roles/network"
 	"github.com/anneal-dev/anneal/scenarios"
 )
@@ -58,12 +59,12 @@ func TestNetworkRoleAndNodeDelete(t *testing.T) {
 	nrs = noderoles(t, st, "sample")
 	nr2 := nrs["network-admin@net2"]
 	assert.Equal(t, "192.168.124.11/24", dig(nr2.SystemData, "network", "admin", "address"))
-	_, err = st.Store.TransitionNodeRole(t.Context(), nr2.ID)
+	_, err = crowbar.New(st.Store).TransitionNodeRole(t.Context(), nr2.ID)
 	require.NoError(t, err)
 	status, body = st.Do(t, http.MethodDelete, "/api/v1/nodes/"+nodeName("net2"), nil, nil)
 	require.Equal(t, http.StatusConflict, status, "%s", body)
 	assert.Contains(t, string(body), "in transition")
-	_, err = st.Store.FinishNodeRole(t.Context(), nr2.ID, true, nil)
+	_, err = crowbar.New(st.Store).FinishNodeRole(t.Context(), nr2.ID, true, nil)
 	require.NoError(t, err)
 
 	var deleted models.Node

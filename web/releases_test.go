@@ -75,10 +75,10 @@ func TestImportReleaseAPIWarningsAndBindings(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = st.Store.CreateNode(ctx, models.NodeInput{Name: nodeName("r1"), Deployment: "red"}, true)
 	require.NoError(t, err)
-	snap, err := st.Store.ProposeSnapshot(ctx, "red")
+	snap, err := crowbar.New(st.Store).ProposeSnapshot(ctx, "red")
 	require.NoError(t, err)
 	for _, role := range []string{"base", "db"} {
-		_, _, err = st.Store.BindRole(ctx, snap.ID, crowbar.BindInput{Node: nodeName("r1"), Role: role})
+		_, _, err = crowbar.New(st.Store).BindRole(ctx, snap.ID, crowbar.BindInput{Node: nodeName("r1"), Role: role})
 		require.NoError(t, err)
 	}
 	dropped := strings.Replace(strings.Replace(clean, "  db: {requires: [base]}\n", "", 1), "requires: [db]", "requires: [base]", 1)

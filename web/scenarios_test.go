@@ -123,7 +123,7 @@ func TestScenarioSelectedByExpression(t *testing.T) {
 func TestScenarioAPI(t *testing.T) {
 	st := testenv.NewStack(t, testenv.Options{})
 	setup(t, st, map[string][]string{"ctl": {"controller"}})
-	require.NoError(t, fuel.EnsureBuiltinScenarios(context.Background(), st.Store, scenarios.Builtins()...))
+	require.NoError(t, fuel.EnsureBuiltinScenarios(context.Background(), fuel.New(st.Store), scenarios.Builtins()...))
 
 	body := map[string]any{"name": "mine", "scenario": []map[string]any{
 		{"graph_type": "deployment"},

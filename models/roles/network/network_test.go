@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/models/roles/network"
+	"github.com/anneal-dev/anneal/models/storetest"
 )
 
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -148,7 +148,7 @@ roles_metadata:
 `
 
 type env struct {
-	store *models.Store
+	store *storetest.Stores
 	ctx   context.Context
 }
 
@@ -156,7 +156,7 @@ func newEnv(t *testing.T, release string) *env {
 	t.Helper()
 	t.Parallel()
 	network.Register()
-	store, _ := testenv.Store(t)
+	store, _ := storetest.Open(t)
 	e := &env{store: store, ctx: context.Background()}
 	var spec models.ReleaseSpec
 	require.NoError(t, yaml.Unmarshal([]byte(release), &spec))

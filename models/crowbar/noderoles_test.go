@@ -1,4 +1,4 @@
-package models_test
+package crowbar_test
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/storetest"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -42,29 +44,29 @@ func init() {
 	})
 }
 
-type crowbar struct {
-	store *models.Store
+type env struct {
+	store *storetest.Stores
 	ctx   context.Context
 }
 
-func newCrowbar(t *testing.T) *crowbar {
+func newCrowbar(t *testing.T) *env {
 	t.Helper()
 	return newCrowbarOf(t, crowbarYAML)
 }
 
 // newCrowbarOf is a fresh store with the release given as YAML imported.
-func newCrowbarOf(t *testing.T, release string) *crowbar {
+func newCrowbarOf(t *testing.T, release string) *env {
 	t.Helper()
-	store, ctx := newStore(t)
+	store, ctx := storetest.New(t)
 	var spec models.ReleaseSpec
 	require.NoError(t, yaml.Unmarshal([]byte(release), &spec))
 	_, err := store.ImportRelease(ctx, spec)
 	require.NoError(t, err)
-	return &crowbar{store: store, ctx: ctx}
+	return &env{store: store, ctx: ctx}
 }
 
 // deployment creates a deployment of the release under parent ("" = system).
-func (c *crowbar) deployment(t *testing.T, name, parent string) *models.Deployment {
+func (c *env) deployment(t *testing.T, name, parent string) *models.Deployment {
 	t.Helper()
 	dep, err := c.store.CreateDeployment(c.ctx, models.DeploymentInput{Name: name, Parent: parent, Release: "crowbar"})
 	require.NoError(t, err)
@@ -72,7 +74,7 @@ func (c *crowbar) deployment(t *testing.T, name, parent string) *models.Deployme
 }
 
 // node registers an alive node in the deployment.
-func (c *crowbar) node(t *testing.T, name, dep string) *models.Node {
+func (c *env) node(t *testing.T, name, dep string) *models.Node {
 	t.Helper()
 	_, _, err := c.store.CreateNode(c.ctx, models.NodeInput{Name: name + ".anneal.test", Deployment: dep}, true)
 	require.NoError(t, err)
@@ -81,7 +83,7 @@ func (c *crowbar) node(t *testing.T, name, dep string) *models.Node {
 	return n
 }
 
-func (c *crowbar) propose(t *testing.T, dep string) *crowbar.Snapshot {
+func (c *env) propose(t *testing.T, dep string) *crowbar.Snapshot {
 	t.Helper()
 	snap, err := c.store.ProposeSnapshot(c.ctx, dep)
 	require.NoError(t, err)
@@ -89,20 +91,20 @@ func (c *crowbar) propose(t *testing.T, dep string) *crowbar.Snapshot {
 	return snap
 }
 
-func (c *crowbar) commit(t *testing.T, snap *crowbar.Snapshot) {
+func (c *env) commit(t *testing.T, snap *crowbar.Snapshot) {
 	t.Helper()
 	_, err := c.store.CommitSnapshot(c.ctx, snap.ID)
 	require.NoError(t, err)
 }
 
-func (c *crowbar) bind(t *testing.T, snap *crowbar.Snapshot, node, role string) *crowbar.NodeRole {
+func (c *env) bind(t *testing.T, snap *crowbar.Snapshot, node, role string) *crowbar.NodeRole {
 	t.Helper()
 	nr, _, err := c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: node + ".anneal.test", Role: role})
 	require.NoError(t, err)
 	return nr
 }
 
-func (c *crowbar) reload(t *testing.T, nr *crowbar.NodeRole) *crowbar.NodeRole {
+func (c *env) reload(t *testing.T, nr *crowbar.NodeRole) *crowbar.NodeRole {
 	t.Helper()
 	out, err := c.store.NodeRole(c.ctx, nr.ID)
 	require.NoError(t, err)
@@ -110,7 +112,7 @@ func (c *crowbar) reload(t *testing.T, nr *crowbar.NodeRole) *crowbar.NodeRole {
 }
 
 // committedByKey maps the committed snapshot's noderoles by "role@node".
-func (c *crowbar) committedByKey(t *testing.T, dep string) map[string]crowbar.NodeRole {
+func (c *env) committedByKey(t *testing.T, dep string) map[string]crowbar.NodeRole {
 	t.Helper()
 	cur, err := c.store.EnsureSnapshot(c.ctx, dep)
 	require.NoError(t, err)
@@ -145,15 +147,15 @@ func TestBindRoleSteps(t *testing.T) {
 	assert.Equal(t, "base", base.RoleName)
 	assert.Equal(t, "n1.anneal.test", base.NodeName)
 	assert.Equal(t, []int64{db.ID}, base.Children)
-	assert.EqualValues(t, 2, count(t, c.store, &crowbar.DeploymentRole{}))
+	assert.EqualValues(t, 2, storetest.Count(t, c.store, &crowbar.DeploymentRole{}))
 
 	// The existing binding is returned, nothing created.
 	again, created, err := c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "db"})
 	require.NoError(t, err)
 	assert.False(t, created)
 	assert.Equal(t, db.ID, again.ID)
-	assert.EqualValues(t, 2, count(t, c.store, &crowbar.NodeRole{}))
-	assert.EqualValues(t, 2, count(t, c.store, &crowbar.DeploymentRole{}), "deployment roles are created once")
+	assert.EqualValues(t, 2, storetest.Count(t, c.store, &crowbar.NodeRole{}))
+	assert.EqualValues(t, 2, storetest.Count(t, c.store, &crowbar.DeploymentRole{}), "deployment roles are created once")
 
 	// A parent elsewhere in the snapshot: api on n2 hangs under db on n1.
 	api2 := c.bind(t, snap, "n2", "api")
@@ -172,21 +174,21 @@ func TestBindRoleSteps(t *testing.T) {
 
 	// A missing non-implicit parent: 422 naming the role and the node.
 	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "front"})
-	ie := requireInput(t, err, "role")
+	ie := storetest.RequireInput(t, err, "role")
 	assert.Contains(t, ie.Reason, `"cache"`)
 	assert.Contains(t, ie.Reason, "n1.anneal.test")
 	assert.Equal(t, "cache", ie.Details["missing_role"])
 
 	// An inactive jig.
 	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "odd"})
-	ie = requireInput(t, err, "role")
+	ie = storetest.RequireInput(t, err, "role")
 	assert.Contains(t, ie.Reason, `"puppet"`)
 
 	// A node of a sibling deployment, an unknown role.
 	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "out.anneal.test", Role: "db"})
-	requireInput(t, err, "node")
+	storetest.RequireInput(t, err, "node")
 	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "nope"})
-	requireInput(t, err, "role")
+	storetest.RequireInput(t, err, "role")
 
 	// on_proposed ran once, for the new binding only, inside the transaction.
 	h := c.bind(t, snap, "n1", "hooked")
@@ -219,7 +221,7 @@ func TestBindRoleDeploymentScoping(t *testing.T) {
 	assert.Equal(t, []int64{pdb.ID}, api.Parents)
 	// The sibling's cache is not.
 	_, _, err := c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "c1.anneal.test", Role: "front"})
-	ie := requireInput(t, err, "role")
+	ie := storetest.RequireInput(t, err, "role")
 	assert.Equal(t, "cache", ie.Details["missing_role"])
 
 	// The parent proposing and committing again moves the child's edge to
@@ -244,15 +246,15 @@ func TestSnapshotLifecycle(t *testing.T) {
 
 	// Edits of a committed snapshot are refused, saying to propose first.
 	_, _, err = c.store.BindRole(c.ctx, first.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "db"})
-	assert.Contains(t, requireConflict(t, err).Reason, "propose")
+	assert.Contains(t, storetest.RequireConflict(t, err).Reason, "propose")
 
 	snap := c.propose(t, "prod")
 	_, err = c.store.ProposeSnapshot(c.ctx, "prod")
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 	db := c.bind(t, snap, "n1", "db")
 	c.commit(t, snap)
 	_, err = c.store.CommitSnapshot(c.ctx, snap.ID)
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 
 	hist, err = c.store.Snapshots(c.ctx, "prod")
 	require.NoError(t, err)
@@ -262,9 +264,9 @@ func TestSnapshotLifecycle(t *testing.T) {
 	assert.Equal(t, crowbar.SnapshotCommitted, hist[1].State)
 
 	_, err = c.store.UpdateNodeRole(c.ctx, db.ID, map[string]any{"port": 1})
-	assert.Contains(t, requireConflict(t, err).Reason, "propose")
+	assert.Contains(t, storetest.RequireConflict(t, err).Reason, "propose")
 	_, _, err = c.store.BindRole(c.ctx, snap.ID, crowbar.BindInput{Node: "n1.anneal.test", Role: "api"})
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 
 	// Proposing copies the committed snapshot: bindings, data, state, edges.
 	require.NoError(t, c.store.DB.Exec(`UPDATE noderoles SET system_data = '{"ip": "10.0.0.5"}' WHERE id = ?`, db.ID).Error)
@@ -336,7 +338,7 @@ func TestNodeRoleStateMachine(t *testing.T) {
 
 	// Transition: only a todo noderole; one per node.
 	_, err = c.store.TransitionNodeRole(c.ctx, nrs["db@n1"].ID)
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 	_, err = c.store.TransitionNodeRole(c.ctx, nrs["base@n1"].ID)
 	require.NoError(t, err)
 	assert.Equal(t, "transition", state("base@n1"))
@@ -359,11 +361,11 @@ func TestNodeRoleStateMachine(t *testing.T) {
 	assert.Equal(t, "error", fin.State)
 	assert.Equal(t, "blocked", state("api@n2"))
 	_, err = c.store.FinishNodeRole(c.ctx, nrs["db@n1"].ID, true, nil)
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 
 	// Retry: error → todo (parents active), then success unblocks api.
 	_, err = c.store.RetryNodeRole(c.ctx, nrs["api@n2"].ID)
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 	ret, err := c.store.RetryNodeRole(c.ctx, nrs["db@n1"].ID)
 	require.NoError(t, err)
 	assert.Equal(t, "todo", ret.State)
@@ -435,7 +437,7 @@ func TestNextNodeRoles(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, keys(prod.ID))
 	_, err = c.store.TransitionNodeRole(c.ctx, nrs["cache@n1"].ID)
-	assert.Contains(t, requireConflict(t, err).Reason, n1.Name)
+	assert.Contains(t, storetest.RequireConflict(t, err).Reason, n1.Name)
 	_, err = c.store.FinishNodeRole(c.ctx, nrs["base@n1"].ID, true, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"cache@n1"}, keys(prod.ID))

@@ -1,4 +1,4 @@
-package models_test
+package audrey_test
 
 import (
 	"context"
@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/audrey"
+	"github.com/anneal-dev/anneal/models/storetest"
 )
 
 const pairYAML = `
@@ -41,7 +41,7 @@ deployable:
 
 func TestImportDeployableStore(t *testing.T) {
 	ctx := context.Background()
-	store, _ := testenv.Store(t)
+	store, _ := storetest.Open(t)
 
 	// A node already holding an instance's name: the import is refused
 	// and leaves nothing behind (one transaction).

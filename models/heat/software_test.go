@@ -1,4 +1,4 @@
-package models_test
+package heat_test
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
-	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/heat"
+	"github.com/anneal-dev/anneal/models/storetest"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -24,7 +24,7 @@ func noStart(*heat.SoftwareDeployment) error { return nil }
 // filled) → COMPLETE with the signalled outputs; a repeated signal changes
 // nothing; a deployment referencing an unfinished one waits for it.
 func TestSoftwareRoundLifecycle(t *testing.T) {
-	store, _ := testenv.Store(t)
+	store, _ := storetest.Open(t)
 	ctx := context.Background()
 	node, _, err := store.CreateNode(ctx, models.NodeInput{Name: "s1.anneal.test"}, true)
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 // The deployments-by-server index reads deployments and configs in one
 // query.
 func TestSoftwareIndexOneQuery(t *testing.T) {
-	store, _ := testenv.Store(t)
+	store, _ := storetest.Open(t)
 	ctx := context.Background()
 	node, _, err := store.CreateNode(ctx, models.NodeInput{Name: "s2.anneal.test"}, false)
 	require.NoError(t, err)
@@ -165,7 +165,7 @@ func TestSoftwareIndexOneQuery(t *testing.T) {
 // Validation names the field; the deployment policy refuses a node of
 // another deployment unless it accepts foreign configs.
 func TestSoftwarePolicy(t *testing.T) {
-	store, _ := testenv.Store(t)
+	store, _ := storetest.Open(t)
 	ctx := context.Background()
 	_, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{Name: "x", Inputs: []heat.SoftwareIODef{{Name: "a"}, {Name: "a"}}})
 	var ie *models.InputError

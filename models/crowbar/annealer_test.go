@@ -1,4 +1,4 @@
-package models_test
+package crowbar_test
 
 import (
 	"encoding/json"
@@ -33,24 +33,24 @@ roles_metadata:
 
 type m = map[string]any
 
-func newAnnealed(t *testing.T) *crowbar {
+func newAnnealed(t *testing.T) *env {
 	t.Helper()
 	return newCrowbarOf(t, annealYAML)
 }
 
-func (c *crowbar) reloadID(t *testing.T, id int64) *crowbar.NodeRole {
+func (c *env) reloadID(t *testing.T, id int64) *crowbar.NodeRole {
 	t.Helper()
 	return c.reload(t, &crowbar.NodeRole{ID: id})
 }
 
-func (c *crowbar) annealedDeployment(t *testing.T, name string) {
+func (c *env) annealedDeployment(t *testing.T, name string) {
 	t.Helper()
 	_, err := c.store.CreateDeployment(c.ctx, models.DeploymentInput{Name: name, Release: "annealed"})
 	require.NoError(t, err)
 }
 
 // bootstrapped creates a node in system and gives it its default roles.
-func (c *crowbar) bootstrapped(t *testing.T, name string, admin bool) (*models.Node, *contract.BootstrapResult) {
+func (c *env) bootstrapped(t *testing.T, name string, admin bool) (*models.Node, *contract.BootstrapResult) {
 	t.Helper()
 	node, _, err := c.store.CreateNode(c.ctx, models.NodeInput{Name: name + ".anneal.test", Admin: admin}, true)
 	require.NoError(t, err)
@@ -77,7 +77,7 @@ func exactly(blob map[string]any) handBack {
 // would: transition, prepare (the attributes it sees), dispatch, the
 // agent's report with what back hands back (nil: nothing), finish. It
 // returns the attributes the run was sent.
-func (c *crowbar) run(t *testing.T, id int64, back handBack, ok bool) map[string]any {
+func (c *env) run(t *testing.T, id int64, back handBack, ok bool) map[string]any {
 	t.Helper()
 	nr, err := c.store.TransitionNodeRole(c.ctx, id)
 	require.NoError(t, err)
@@ -304,7 +304,7 @@ func TestCommitCarriesOverResultsOfUneditedCopies(t *testing.T) {
 	assert.Equal(t, contract.NodeRoleTodo, c.committedByKey(t, "prod")["db@n1"].State, "an edited binding runs again")
 }
 
-func mustSnapshot(t *testing.T, c *crowbar, id int64) *crowbar.Snapshot {
+func mustSnapshot(t *testing.T, c *env, id int64) *crowbar.Snapshot {
 	t.Helper()
 	snap, err := c.store.Snapshot(c.ctx, id)
 	require.NoError(t, err)

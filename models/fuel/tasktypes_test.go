@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/plan"
 )
 
@@ -42,7 +43,7 @@ func TestRunSpec(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.jig, spec.Jig)
 			assert.Equal(t, tc.cmd, spec.Cmd)
-			assert.Equal(t, DefaultTaskTimeoutSec, spec.TimeoutSec)
+			assert.Equal(t, models.DefaultTaskTimeoutSec, spec.TimeoutSec)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package models_test
+package crowbar_test
 
 import (
 	"context"

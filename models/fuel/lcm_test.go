@@ -1,4 +1,4 @@
-package models_test
+package fuel_test
 
 import (
 	"testing"
@@ -7,6 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/models/storetest"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -14,53 +16,53 @@ import (
 // since its last successful run there is planned as skipped, unless forced;
 // a changed task, or one that never succeeded, runs.
 func TestSkipUnchangedTasks(t *testing.T) {
-	f := newFixture(t)
-	first := f.execute(t, fuel.ExecuteInput{})
-	_, err := f.store.PlanGraph(f.ctx, first.ID, 0)
+	f := storetest.NewFixture(t)
+	first := f.Execute(t, fuel.ExecuteInput{})
+	_, err := f.Store.PlanGraph(f.Ctx, first.ID, 0)
 	require.NoError(t, err)
-	runs := f.runsByLabel(t, first)
+	runs := f.RunsByLabel(t, first)
 	for label, r := range runs {
-		if label == "nova@"+cmpName {
+		if label == "nova@"+storetest.CmpName {
 			continue // never succeeds
 		}
-		require.NoError(t, f.store.SucceedNoOp(f.ctx, r.ID))
+		require.NoError(t, f.Store.SucceedNoOp(f.Ctx, r.ID))
 	}
 
-	second := f.execute(t, fuel.ExecuteInput{})
-	_, err = f.store.PlanGraph(f.ctx, second.ID, 0)
+	second := f.Execute(t, fuel.ExecuteInput{})
+	_, err = f.Store.PlanGraph(f.Ctx, second.ID, 0)
 	require.NoError(t, err)
-	got := f.runsByLabel(t, second)
-	assert.Equal(t, contract.RunSkipped, got["setup@"+ctlName].State)
-	assert.Equal(t, contract.RunSkipped, got["db@"+ctlName].State)
-	assert.Equal(t, contract.RunPending, got["nova@"+cmpName].State, "never succeeded: runs")
-	assert.Equal(t, runs["db@"+ctlName].InputsHash, got["db@"+ctlName].InputsHash)
+	got := f.RunsByLabel(t, second)
+	assert.Equal(t, contract.RunSkipped, got["setup@"+storetest.CtlName].State)
+	assert.Equal(t, contract.RunSkipped, got["db@"+storetest.CtlName].State)
+	assert.Equal(t, contract.RunPending, got["nova@"+storetest.CmpName].State, "never succeeded: runs")
+	assert.Equal(t, runs["db@"+storetest.CtlName].InputsHash, got["db@"+storetest.CtlName].InputsHash)
 
-	forced := f.execute(t, fuel.ExecuteInput{Force: true})
-	_, err = f.store.PlanGraph(f.ctx, forced.ID, 0)
+	forced := f.Execute(t, fuel.ExecuteInput{Force: true})
+	_, err = f.Store.PlanGraph(f.Ctx, forced.ID, 0)
 	require.NoError(t, err)
-	for label, r := range f.runsByLabel(t, forced) {
+	for label, r := range f.RunsByLabel(t, forced) {
 		assert.Equal(t, contract.RunPending, r.State, "force runs %s", label)
 	}
 
 	// Changing the db task's command changes its inputs: it runs again.
-	spec := releaseSpec(t)
+	spec := storetest.ReleaseSpec(t)
 	db := spec.Graphs["deployment"]
 	db.Tasks[1].Parameters.Cmd = "echo db v2"
 	spec.Graphs["deployment"] = db
-	_, err = f.store.ImportRelease(f.ctx, spec)
+	_, err = f.Store.ImportRelease(f.Ctx, spec)
 	require.NoError(t, err)
-	changed := f.execute(t, fuel.ExecuteInput{})
-	_, err = f.store.PlanGraph(f.ctx, changed.ID, 0)
+	changed := f.Execute(t, fuel.ExecuteInput{})
+	_, err = f.Store.PlanGraph(f.Ctx, changed.ID, 0)
 	require.NoError(t, err)
-	got = f.runsByLabel(t, changed)
-	assert.Equal(t, contract.RunPending, got["db@"+ctlName].State)
-	assert.Equal(t, contract.RunSkipped, got["setup@"+ctlName].State)
+	got = f.RunsByLabel(t, changed)
+	assert.Equal(t, contract.RunPending, got["db@"+storetest.CtlName].State)
+	assert.Equal(t, contract.RunSkipped, got["setup@"+storetest.CtlName].State)
 }
 
 // TestRoleWithoutTasks: a Crowbar-style role (no task selects it) runs as
 // one task named after it, after its parent role's task on another node.
 func TestRoleWithoutTasks(t *testing.T) {
-	store, ctx := newStore(t)
+	store, ctx := storetest.New(t)
 	spec := models.ReleaseSpec{
 		Name: "crowbar",
 		RolesMetadata: map[string]models.RoleSpec{

@@ -1,4 +1,4 @@
-package models
+package fuel
 
 import (
 	"testing"
@@ -32,4 +32,8 @@ func TestNodeStartOrder(t *testing.T) {
 			assert.Equal(t, tc.want, names(nodeStartOrder([]contract.PlannedNode{a, b, c}, tc.deps)))
 		})
 	}
+}
+
+func TestSortedKeys(t *testing.T) {
+	assert.Equal(t, []string{"a", "b", "c"}, sortedKeys(map[string]int{"c": 1, "a": 2, "b": 3}))
 }

@@ -1,4 +1,4 @@
-package models_test
+package crowbar_test
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/models/storetest"
 )
 
 // Node hooks are global and every node creation or deletion of every
@@ -137,59 +139,59 @@ func TestDeleteNodeRunsHooksFirst(t *testing.T) {
 // refused (409, saying what to wait for); once its transaction ended it
 // goes, and the transaction's runs stay readable under the node's name.
 func TestDeleteNodeKeepsTransactionHistory(t *testing.T) {
-	f := newFixture(t)
-	txn, _ := f.plan(t)
-	runs := f.runsByLabel(t, txn)
-	setup := runs["setup@"+ctlName]
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup := runs["setup@"+storetest.CtlName]
 
-	_, err := f.store.DeleteNode(f.ctx, ctlName)
-	ce := requireConflict(t, err)
+	_, err := f.Store.DeleteNode(f.Ctx, storetest.CtlName)
+	ce := storetest.RequireConflict(t, err)
 	assert.Contains(t, ce.Reason, "transaction "+txn.ID.String()+" has not finished")
 	assert.Contains(t, ce.Reason, "/api/v1/transactions/"+txn.ID.String()+"/stop")
 
-	_, err = f.store.DispatchRun(f.ctx, setup.ID, nil)
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, nil)
 	require.NoError(t, err)
-	_, err = f.store.DeleteNode(f.ctx, ctlName)
-	ce = requireConflict(t, err)
+	_, err = f.Store.DeleteNode(f.Ctx, storetest.CtlName)
+	ce = storetest.RequireConflict(t, err)
 	assert.Contains(t, ce.Reason, "(setup) is running")
 
-	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, StdoutTail: "set up"})
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, StdoutTail: "set up"})
 	require.NoError(t, err)
 	for _, r := range runs {
-		require.NoError(t, f.store.SucceedNoOp(f.ctx, r.ID))
+		require.NoError(t, f.Store.SucceedNoOp(f.Ctx, r.ID))
 	}
-	before, err := f.store.FinishTransaction(f.ctx, txn.ID, false, "")
+	before, err := f.Store.FinishTransaction(f.Ctx, txn.ID, false, "")
 	require.NoError(t, err)
 	require.Equal(t, models.TxReady, before.Status)
 
-	deleted, err := f.store.DeleteNode(f.ctx, ctlName)
+	deleted, err := f.Store.DeleteNode(f.Ctx, storetest.CtlName)
 	require.NoError(t, err)
-	assert.Equal(t, f.ctl.ID, deleted.ID)
-	_, err = f.store.Node(f.ctx, ctlName)
+	assert.Equal(t, f.Ctl.ID, deleted.ID)
+	_, err = f.Store.Node(f.Ctx, storetest.CtlName)
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
-	after, err := f.store.TransactionStatus(f.ctx, txn.ID)
+	after, err := f.Store.TransactionStatus(f.Ctx, txn.ID)
 	require.NoError(t, err)
 	assert.Equal(t, before.Total, after.Total, "no run of the history went")
 	assert.Equal(t, before.Counts, after.Counts)
-	kept := f.runsByLabel(t, txn)
-	require.Contains(t, kept, "setup@"+ctlName, "the run still names the deleted node")
-	assert.Zero(t, kept["setup@"+ctlName].NodeID, "only the link to the node is gone")
-	assert.Equal(t, "set up", kept["setup@"+ctlName].StdoutTail)
-	assert.Equal(t, f.cmp.ID, kept["setup@"+cmpName].NodeID, "another node's runs are untouched")
-	byName, err := f.store.Runs(f.ctx, txn.ID, fuel.RunFilter{Node: ctlName})
+	kept := f.RunsByLabel(t, txn)
+	require.Contains(t, kept, "setup@"+storetest.CtlName, "the run still names the deleted node")
+	assert.Zero(t, kept["setup@"+storetest.CtlName].NodeID, "only the link to the node is gone")
+	assert.Equal(t, "set up", kept["setup@"+storetest.CtlName].StdoutTail)
+	assert.Equal(t, f.Cmp.ID, kept["setup@"+storetest.CmpName].NodeID, "another node's runs are untouched")
+	byName, err := f.Store.Runs(f.Ctx, txn.ID, fuel.RunFilter{Node: storetest.CtlName})
 	require.NoError(t, err)
 	assert.Len(t, byName, 2, "runs are still found by the node's name")
 
 	// Planning again leaves the deleted node out and reads its history
 	// (LCM, a deployment's last successful runs) without tripping on it.
-	again := f.execute(t, fuel.ExecuteInput{})
-	_, err = f.store.PlanGraph(f.ctx, again.ID, 0)
+	again := f.Execute(t, fuel.ExecuteInput{})
+	_, err = f.Store.PlanGraph(f.Ctx, again.ID, 0)
 	require.NoError(t, err)
-	for label, r := range f.runsByLabel(t, again) {
-		assert.Equal(t, f.cmp.ID, r.NodeID, "%s", label)
+	for label, r := range f.RunsByLabel(t, again) {
+		assert.Equal(t, f.Cmp.ID, r.NodeID, "%s", label)
 	}
-	assert.Zero(t, count(t, f.store, &models.Node{}, "name = ?", ctlName))
+	assert.Zero(t, storetest.Count(t, f.Store, &models.Node{}, "name = ?", storetest.CtlName))
 }
 
 // TestDeleteNodeRefusesNodeRoleWork: a noderole in transition, or its run
@@ -210,7 +212,7 @@ func TestDeleteNodeRefusesNodeRoleWork(t *testing.T) {
 	_, err := c.store.TransitionNodeRole(c.ctx, nr.ID)
 	require.NoError(t, err)
 	_, err = c.store.DeleteNode(c.ctx, n.Name)
-	ce := requireConflict(t, err)
+	ce := storetest.RequireConflict(t, err)
 	assert.Contains(t, ce.Reason, "(cache) is in transition")
 
 	plan, err := c.store.PrepareNodeRoleRun(c.ctx, nr.ID, 1)
@@ -218,7 +220,7 @@ func TestDeleteNodeRefusesNodeRoleWork(t *testing.T) {
 	_, err = c.store.DispatchRun(c.ctx, plan.RunID, nil)
 	require.NoError(t, err)
 	_, err = c.store.DeleteNode(c.ctx, n.Name)
-	ce = requireConflict(t, err)
+	ce = storetest.RequireConflict(t, err)
 	assert.Contains(t, ce.Reason, "(cache)")
 
 	_, err = c.store.RecordRunResult(c.ctx, n.ID, plan.RunID, protocol.RunResult{Attempt: 1})
@@ -231,42 +233,42 @@ func TestDeleteNodeRefusesNodeRoleWork(t *testing.T) {
 	require.NoError(t, c.store.DB.Exec(`INSERT INTO software_deployments (config_id, node_id, status)
 		SELECT id, ?, 'IN_PROGRESS' FROM software_configs WHERE name = 'cfg'`, n.ID).Error)
 	_, err = c.store.DeleteNode(c.ctx, n.Name)
-	ce = requireConflict(t, err)
+	ce = storetest.RequireConflict(t, err)
 	assert.Contains(t, ce.Reason, "is in progress on node "+n.Name)
 	require.NoError(t, c.store.DB.Exec(`UPDATE software_deployments SET status = 'COMPLETE' WHERE node_id = ?`, n.ID).Error)
 
 	_, err = c.store.DeleteNode(c.ctx, n.Name)
 	require.NoError(t, err)
-	assert.Zero(t, count(t, c.store, &crowbar.NodeRole{}, "node_id = ?", n.ID), "its noderoles went")
-	assert.Zero(t, count(t, c.store, &models.TaskRun{}, "noderole_id = ?", nr.ID), "with their runs")
-	assert.Zero(t, count(t, c.store, &models.TaskRun{}, "node_id = ?", n.ID))
-	assert.Zero(t, count(t, c.store, &crowbar.NodeRoleEdge{}, "child_id = ?", other.ID), "the edge to a child on another node went")
-	assert.EqualValues(t, 1, count(t, c.store, &crowbar.NodeRole{}, "id = ?", other.ID), "the child itself stays")
+	assert.Zero(t, storetest.Count(t, c.store, &crowbar.NodeRole{}, "node_id = ?", n.ID), "its noderoles went")
+	assert.Zero(t, storetest.Count(t, c.store, &models.TaskRun{}, "noderole_id = ?", nr.ID), "with their runs")
+	assert.Zero(t, storetest.Count(t, c.store, &models.TaskRun{}, "node_id = ?", n.ID))
+	assert.Zero(t, storetest.Count(t, c.store, &crowbar.NodeRoleEdge{}, "child_id = ?", other.ID), "the edge to a child on another node went")
+	assert.EqualValues(t, 1, storetest.Count(t, c.store, &crowbar.NodeRole{}, "id = ?", other.ID), "the child itself stays")
 	_, err = c.store.Node(c.ctx, keep.Name)
 	require.NoError(t, err)
 }
 
 func TestUpdateNodeFlags(t *testing.T) {
-	f := newFixture(t)
+	f := storetest.NewFixture(t)
 	off := false
-	node, err := f.store.UpdateNode(f.ctx, ctlName, models.NodeUpdate{Available: &off})
+	node, err := f.Store.UpdateNode(f.Ctx, storetest.CtlName, models.NodeUpdate{Available: &off})
 	require.NoError(t, err)
 	assert.False(t, node.Available)
 	assert.True(t, node.Allocated, "untouched")
 	assert.Equal(t, []string{"controller"}, node.Roles, "roles stay when not given")
 
-	node, err = f.store.UpdateNode(f.ctx, ctlName, models.NodeUpdate{Allocated: &off})
+	node, err = f.Store.UpdateNode(f.Ctx, storetest.CtlName, models.NodeUpdate{Allocated: &off})
 	require.NoError(t, err)
-	loaded, err := f.store.Node(f.ctx, ctlName)
+	loaded, err := f.Store.Node(f.Ctx, storetest.CtlName)
 	require.NoError(t, err)
 	assert.False(t, loaded.Available, "stored")
 	assert.False(t, loaded.Allocated, "stored")
 	assert.Equal(t, node.Tags, loaded.Tags)
 
 	on := true
-	_, err = f.store.UpdateNode(f.ctx, ctlName, models.NodeUpdate{Available: &on, Allocated: &on})
+	_, err = f.Store.UpdateNode(f.Ctx, storetest.CtlName, models.NodeUpdate{Available: &on, Allocated: &on})
 	require.NoError(t, err)
-	loaded, err = f.store.Node(f.ctx, ctlName)
+	loaded, err = f.Store.Node(f.Ctx, storetest.CtlName)
 	require.NoError(t, err)
 	assert.True(t, loaded.Available)
 	assert.True(t, loaded.Allocated)

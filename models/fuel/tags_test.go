@@ -1,4 +1,4 @@
-package models_test
+package fuel_test
 
 import (
 	"os"
@@ -10,13 +10,15 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/plan"
+	"github.com/anneal-dev/anneal/models/storetest"
 )
 
 // tagsByName lists the tags of a scope keyed by name.
-func tagsByName(t *testing.T, f *fixture, scope fuel.TagScope) map[string]fuel.Tag {
+func tagsByName(t *testing.T, f *storetest.Fixture, scope fuel.TagScope) map[string]fuel.Tag {
 	t.Helper()
-	tags, err := f.store.Tags(f.ctx, scope)
+	tags, err := f.Store.Tags(f.Ctx, scope)
 	require.NoError(t, err)
 	out := map[string]fuel.Tag{}
 	for _, tag := range tags {
@@ -26,15 +28,15 @@ func tagsByName(t *testing.T, f *fixture, scope fuel.TagScope) map[string]fuel.T
 }
 
 // nodeTagsOf loads a node's stored tags.
-func nodeTagsOf(t *testing.T, f *fixture, name string) []string {
+func nodeTagsOf(t *testing.T, f *storetest.Fixture, name string) []string {
 	t.Helper()
-	node, err := f.store.Node(f.ctx, name)
+	node, err := f.Store.Node(f.Ctx, name)
 	require.NoError(t, err)
 	return node.Tags
 }
 
 func TestImportReleaseCreatesTags(t *testing.T) {
-	f := newFixture(t)
+	f := storetest.NewFixture(t)
 	tags := tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	require.Len(t, tags, 3, "api and db (controller), hypervisor (compute); db is also in tags_metadata")
 	db := tags["release:db"]
@@ -43,7 +45,7 @@ func TestImportReleaseCreatesTags(t *testing.T) {
 	assert.True(t, db.Declared)
 	assert.Equal(t, map[string]any{"name": "db"}, db.Metadata)
 	assert.Equal(t, []string{"controller"}, db.Roles)
-	assert.Equal(t, f.release.ID, db.OwnerID)
+	assert.Equal(t, f.Release.ID, db.OwnerID)
 	assert.True(t, tags["release:api"].ReadOnly)
 	assert.False(t, tags["release:api"].HasPrimary)
 	assert.Equal(t, []string{"compute"}, tags["release:hypervisor"].Roles)
@@ -51,14 +53,14 @@ func TestImportReleaseCreatesTags(t *testing.T) {
 	// A user tag of the release survives a re-import; declared tags follow
 	// the new release: api is no longer produced, extra is declared only in
 	// tags_metadata (so not read only), db loses has_primary.
-	_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "openstack@1.0", Metadata: map[string]any{"by": "user"}})
+	_, err := f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Release: "openstack@1.0", Metadata: map[string]any{"by": "user"}})
 	require.NoError(t, err)
-	spec := releaseSpec(t)
+	spec := storetest.ReleaseSpec(t)
 	ctl := spec.RolesMetadata["controller"]
 	ctl.Tags = []string{"db"}
 	spec.RolesMetadata["controller"] = ctl
 	spec.TagsMetadata = map[string]models.TagMetadata{"extra": {Name: "Extra", HasPrimary: true}}
-	_, err = f.store.ImportRelease(f.ctx, spec)
+	_, err = f.Store.ImportRelease(f.Ctx, spec)
 	require.NoError(t, err)
 	tags = tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	assert.ElementsMatch(t, []string{"release:db", "release:hypervisor", "release:extra", "release:swift"}, keys(tags))
@@ -82,14 +84,14 @@ func keys[V any](m map[string]V) []string {
 // TestMigrationBackfillsReleaseTags runs the backfill of 0002_tags.sql on a
 // release whose tags are missing, as for a release imported before it.
 func TestMigrationBackfillsReleaseTags(t *testing.T) {
-	f := newFixture(t)
+	f := storetest.NewFixture(t)
 	before := tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
-	require.NoError(t, f.store.DB.Exec("DELETE FROM tags").Error)
+	require.NoError(t, f.Store.DB.Exec("DELETE FROM tags").Error)
 	sql, err := os.ReadFile("migrations/0002_tags.sql")
 	require.NoError(t, err)
 	_, backfill, ok := strings.Cut(string(sql), "-- Releases imported before")
 	require.True(t, ok)
-	require.NoError(t, f.store.DB.Exec("-- "+backfill).Error)
+	require.NoError(t, f.Store.DB.Exec("-- "+backfill).Error)
 	after := tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	require.Equal(t, len(before), len(after))
 	for name, tag := range before {
@@ -100,88 +102,88 @@ func TestMigrationBackfillsReleaseTags(t *testing.T) {
 }
 
 func TestTagCRUD(t *testing.T) {
-	f := newFixture(t)
+	f := storetest.NewFixture(t)
 	for _, name := range []string{"", "two words", "mysql:1", "primary-db", "/db/", "*", "tab\there"} {
-		_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: name, Deployment: "prod"})
-		requireInput(t, err, "name")
+		_, err := f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: name, Deployment: "prod"})
+		storetest.RequireInput(t, err, "name")
 	}
-	_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift"})
-	requireInput(t, err, "release")
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "openstack", Deployment: "prod"})
-	requireInput(t, err, "deployment")
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "nope"})
-	requireInput(t, err, "deployment")
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "nope"})
-	requireInput(t, err, "release")
-	assert.Zero(t, count(t, f.store, &fuel.Tag{}, "name = ?", "swift"))
+	_, err := f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift"})
+	storetest.RequireInput(t, err, "release")
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Release: "openstack", Deployment: "prod"})
+	storetest.RequireInput(t, err, "deployment")
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Deployment: "nope"})
+	storetest.RequireInput(t, err, "deployment")
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Release: "nope"})
+	storetest.RequireInput(t, err, "release")
+	assert.Zero(t, storetest.Count(t, f.Store, &fuel.Tag{}, "name = ?", "swift"))
 
-	swift, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod", HasPrimary: true,
+	swift, err := f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Deployment: "prod", HasPrimary: true,
 		Metadata: map[string]any{"color": "blue"}})
 	require.NoError(t, err)
 	assert.Equal(t, fuel.OwnerDeployment, swift.OwnerKind)
-	assert.Equal(t, f.dep.ID, swift.OwnerID)
+	assert.Equal(t, f.Dep.ID, swift.OwnerID)
 	assert.False(t, swift.ReadOnly)
 
 	// Duplicates in the scope, or clashing with the release, conflict.
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
-	assert.Contains(t, requireConflict(t, err).Reason, "deployment prod")
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "db", Deployment: "prod"})
-	assert.Contains(t, requireConflict(t, err).Reason, "release openstack@1.0")
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Release: "openstack"})
-	requireConflict(t, err)
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
+	assert.Contains(t, storetest.RequireConflict(t, err).Reason, "deployment prod")
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "db", Deployment: "prod"})
+	assert.Contains(t, storetest.RequireConflict(t, err).Reason, "release openstack@1.0")
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Release: "openstack"})
+	storetest.RequireConflict(t, err)
 
-	got, err := f.store.Tag(f.ctx, swift.ID)
+	got, err := f.Store.Tag(f.Ctx, swift.ID)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]any{"color": "blue"}, got.Metadata)
-	_, err = f.store.Tag(f.ctx, swift.ID+1000)
+	_, err = f.Store.Tag(f.Ctx, swift.ID+1000)
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	off := false
-	up, err := f.store.UpdateTag(f.ctx, swift.ID, fuel.TagUpdate{HasPrimary: &off})
+	up, err := f.Store.UpdateTag(f.Ctx, swift.ID, fuel.TagUpdate{HasPrimary: &off})
 	require.NoError(t, err)
 	assert.False(t, up.HasPrimary)
 	assert.Equal(t, map[string]any{"color": "blue"}, up.Metadata, "metadata not given stays")
 	md := map[string]any{"color": "red"}
-	up, err = f.store.UpdateTag(f.ctx, swift.ID, fuel.TagUpdate{Metadata: &md})
+	up, err = f.Store.UpdateTag(f.Ctx, swift.ID, fuel.TagUpdate{Metadata: &md})
 	require.NoError(t, err)
 	assert.Equal(t, md, up.Metadata)
-	_, err = f.store.UpdateTag(f.ctx, swift.ID, fuel.TagUpdate{})
-	requireInput(t, err, "body")
+	_, err = f.Store.UpdateTag(f.Ctx, swift.ID, fuel.TagUpdate{})
+	storetest.RequireInput(t, err, "body")
 
 	// Tags stuck to a role can be neither modified nor deleted.
 	tags := tagsByName(t, f, fuel.TagScope{Deployment: "prod"})
 	db := tags["release:db"]
-	_, err = f.store.UpdateTag(f.ctx, db.ID, fuel.TagUpdate{HasPrimary: &off})
-	assert.Equal(t, "tag db is stuck to role(s) controller; change the release instead", requireConflict(t, err).Reason)
-	_, err = f.store.DeleteTag(f.ctx, db.ID)
-	requireConflict(t, err)
-	reloaded, err := f.store.Tag(f.ctx, db.ID)
+	_, err = f.Store.UpdateTag(f.Ctx, db.ID, fuel.TagUpdate{HasPrimary: &off})
+	assert.Equal(t, "tag db is stuck to role(s) controller; change the release instead", storetest.RequireConflict(t, err).Reason)
+	_, err = f.Store.DeleteTag(f.Ctx, db.ID)
+	storetest.RequireConflict(t, err)
+	reloaded, err := f.Store.Tag(f.Ctx, db.ID)
 	require.NoError(t, err)
 	assert.True(t, reloaded.HasPrimary)
 
 	// Deleting unassigns the tag and its instances from the nodes.
-	_, err = f.store.AssignTags(f.ctx, ctlName, []string{"swift", "swift:2"})
+	_, err = f.Store.AssignTags(f.Ctx, storetest.CtlName, []string{"swift", "swift:2"})
 	require.NoError(t, err)
-	_, err = f.store.AssignTags(f.ctx, cmpName, []string{"swift:1"})
+	_, err = f.Store.AssignTags(f.Ctx, storetest.CmpName, []string{"swift:1"})
 	require.NoError(t, err)
-	del, err := f.store.DeleteTag(f.ctx, swift.ID)
+	del, err := f.Store.DeleteTag(f.Ctx, swift.ID)
 	require.NoError(t, err)
-	assert.Equal(t, []string{cmpName, ctlName}, del.UnassignedFrom)
-	assert.Equal(t, []string{"controller", "api", "db"}, nodeTagsOf(t, f, ctlName))
-	assert.Equal(t, []string{"compute", "hypervisor"}, nodeTagsOf(t, f, cmpName))
-	_, err = f.store.Tag(f.ctx, swift.ID)
+	assert.Equal(t, []string{storetest.CmpName, storetest.CtlName}, del.UnassignedFrom)
+	assert.Equal(t, []string{"controller", "api", "db"}, nodeTagsOf(t, f, storetest.CtlName))
+	assert.Equal(t, []string{"compute", "hypervisor"}, nodeTagsOf(t, f, storetest.CmpName))
+	_, err = f.Store.Tag(f.Ctx, swift.ID)
 	assert.ErrorIs(t, err, models.ErrNotFound)
-	_, err = f.store.DeleteTag(f.ctx, swift.ID)
+	_, err = f.Store.DeleteTag(f.Ctx, swift.ID)
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
 func TestDeploymentTagsAreScoped(t *testing.T) {
-	f := newFixture(t)
-	other, err := f.store.CreateDeployment(f.ctx, models.DeploymentInput{Name: "staging", Release: "openstack@1.0"})
+	f := storetest.NewFixture(t)
+	other, err := f.Store.CreateDeployment(f.Ctx, models.DeploymentInput{Name: "staging", Release: "openstack@1.0"})
 	require.NoError(t, err)
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
 	require.NoError(t, err)
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "ceph", Release: "openstack@1.0"})
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "ceph", Release: "openstack@1.0"})
 	require.NoError(t, err)
 
 	prod := tagsByName(t, f, fuel.TagScope{Deployment: "prod"})
@@ -192,31 +194,31 @@ func TestDeploymentTagsAreScoped(t *testing.T) {
 	assert.NotContains(t, rel, "deployment:swift")
 
 	// A node of staging cannot take prod's swift, until staging has its own.
-	_, _, err = f.store.CreateNode(f.ctx, models.NodeInput{Name: "stg.anneal.test", Deployment: "staging"}, true)
+	_, _, err = f.Store.CreateNode(f.Ctx, models.NodeInput{Name: "stg.anneal.test", Deployment: "staging"}, true)
 	require.NoError(t, err)
-	_, err = f.store.AssignTags(f.ctx, "stg.anneal.test", []string{"ceph", "swift"})
-	requireInput(t, err, "tags[1]")
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "staging"})
+	_, err = f.Store.AssignTags(f.Ctx, "stg.anneal.test", []string{"ceph", "swift"})
+	storetest.RequireInput(t, err, "tags[1]")
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Deployment: "staging"})
 	require.NoError(t, err)
-	_, err = f.store.AssignTags(f.ctx, "stg.anneal.test", []string{"ceph", "swift"})
+	_, err = f.Store.AssignTags(f.Ctx, "stg.anneal.test", []string{"ceph", "swift"})
 	require.NoError(t, err)
-	sys, _, err := f.store.CreateNode(f.ctx, models.NodeInput{Name: "sys.anneal.test"}, true)
+	sys, _, err := f.Store.CreateNode(f.Ctx, models.NodeInput{Name: "sys.anneal.test"}, true)
 	require.NoError(t, err)
-	_, err = f.store.AssignTags(f.ctx, sys.Name, []string{"swift"})
-	requireInput(t, err, "tags[0]")
+	_, err = f.Store.AssignTags(f.Ctx, sys.Name, []string{"swift"})
+	storetest.RequireInput(t, err, "tags[0]")
 
-	_, err = f.store.Tags(f.ctx, fuel.TagScope{})
-	requireInput(t, err, "release")
-	_, err = f.store.Tags(f.ctx, fuel.TagScope{Deployment: "nope"})
+	_, err = f.Store.Tags(f.Ctx, fuel.TagScope{})
+	storetest.RequireInput(t, err, "release")
+	_, err = f.Store.Tags(f.Ctx, fuel.TagScope{Deployment: "nope"})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
 
 func TestAssignAndUnassignTags(t *testing.T) {
-	f := newFixture(t)
-	_, err := f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
+	f := storetest.NewFixture(t)
+	_, err := f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
 	require.NoError(t, err)
 
-	view, err := f.store.AssignTags(f.ctx, cmpName, []string{"db", "swift", "db", "controller", "swift:3"})
+	view, err := f.Store.AssignTags(f.Ctx, storetest.CmpName, []string{"db", "swift", "db", "controller", "swift:3"})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"compute", "hypervisor", "db", "swift", "controller", "swift:3"}, view.Tags)
 	assert.Equal(t, []string{"compute"}, view.Roles)
@@ -235,32 +237,32 @@ func TestAssignAndUnassignTags(t *testing.T) {
 		{[]string{"db:1:2"}, "tags[0]"},
 		{[]string{"swift:-1"}, "tags[0]"},
 	} {
-		_, err := f.store.AssignTags(f.ctx, ctlName, c.tags)
-		requireInput(t, err, c.field)
+		_, err := f.Store.AssignTags(f.Ctx, storetest.CtlName, c.tags)
+		storetest.RequireInput(t, err, c.field)
 	}
-	assert.Equal(t, []string{"controller", "api", "db"}, nodeTagsOf(t, f, ctlName), "a refused assignment writes nothing")
-	_, err = f.store.AssignTags(f.ctx, ctlName, nil)
-	requireInput(t, err, "tags")
-	_, err = f.store.AssignTags(f.ctx, "ghost.anneal.test", []string{"db"})
+	assert.Equal(t, []string{"controller", "api", "db"}, nodeTagsOf(t, f, storetest.CtlName), "a refused assignment writes nothing")
+	_, err = f.Store.AssignTags(f.Ctx, storetest.CtlName, nil)
+	storetest.RequireInput(t, err, "tags")
+	_, err = f.Store.AssignTags(f.Ctx, "ghost.anneal.test", []string{"db"})
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
 	// Unassigning what the node lacks is fine; so is removing every tag, the
 	// role name still selects tasks at planning.
-	view, err = f.store.UnassignTags(f.ctx, ctlName, []string{"api", "not-held"})
+	view, err = f.Store.UnassignTags(f.Ctx, storetest.CtlName, []string{"api", "not-held"})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"controller", "db"}, view.Tags)
-	view, err = f.store.UnassignTags(f.ctx, ctlName, []string{"controller", "db"})
+	view, err = f.Store.UnassignTags(f.Ctx, storetest.CtlName, []string{"controller", "db"})
 	require.NoError(t, err)
 	assert.Equal(t, []string{}, view.Tags)
-	assert.Equal(t, []string{}, nodeTagsOf(t, f, ctlName))
-	_, err = f.store.UnassignTags(f.ctx, ctlName, []string{})
-	requireInput(t, err, "tags")
+	assert.Equal(t, []string{}, nodeTagsOf(t, f, storetest.CtlName))
+	_, err = f.Store.UnassignTags(f.Ctx, storetest.CtlName, []string{})
+	storetest.RequireInput(t, err, "tags")
 
-	txn, _ := f.plan(t)
-	runs := f.runsByLabel(t, txn)
-	assert.Contains(t, runs, "setup@"+ctlName, "selected by the role name")
-	assert.NotContains(t, runs, "db@"+ctlName)
-	assert.Contains(t, runs, "db@"+cmpName, "cmp took the db tag")
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	assert.Contains(t, runs, "setup@"+storetest.CtlName, "selected by the role name")
+	assert.NotContains(t, runs, "db@"+storetest.CtlName)
+	assert.Contains(t, runs, "db@"+storetest.CmpName, "cmp took the db tag")
 }
 
 // primaryGraphYAML adds a graph whose task only the primary of db runs.
@@ -284,67 +286,67 @@ graphs:
 `
 
 func TestPrimaryTags(t *testing.T) {
-	f := newFixture(t)
+	f := storetest.NewFixture(t)
 	var spec models.ReleaseSpec
 	require.NoError(t, yaml.Unmarshal([]byte(primaryGraphYAML), &spec))
-	_, err := f.store.ImportRelease(f.ctx, spec)
+	_, err := f.Store.ImportRelease(f.Ctx, spec)
 	require.NoError(t, err)
-	ctl2 := f.addNode(t, "ctl2.anneal.test", "controller")
-	require.Greater(t, ctl2.ID, f.ctl.ID)
+	ctl2 := f.AddNode(t, "ctl2.anneal.test", "controller")
+	require.Greater(t, ctl2.ID, f.Ctl.ID)
 
 	primaryOf := func(name string) []string {
 		t.Helper()
-		view, err := f.store.NodeTags(f.ctx, name)
+		view, err := f.Store.NodeTags(f.Ctx, name)
 		require.NoError(t, err)
 		return view.Primary
 	}
 	planned := func() map[string]models.TaskRun {
 		t.Helper()
-		txn, _ := f.plan(t)
-		return f.runsByLabel(t, txn)
+		txn, _ := f.Plan(t)
+		return f.RunsByLabel(t, txn)
 	}
 	recorded := func() []fuel.PrimaryTag {
 		t.Helper()
 		var rows []fuel.PrimaryTag
-		require.NoError(t, f.store.DB.Order("tag").Find(&rows).Error)
+		require.NoError(t, f.Store.DB.Order("tag").Find(&rows).Error)
 		return rows
 	}
 
 	// The lowest id holding db is primary, before any plan too.
-	assert.Equal(t, []string{"db"}, primaryOf(ctlName))
+	assert.Equal(t, []string{"db"}, primaryOf(storetest.CtlName))
 	assert.Equal(t, []string{}, primaryOf(ctl2.Name))
 	runs := planned()
-	assert.Contains(t, runs, "db-bootstrap@"+ctlName)
+	assert.Contains(t, runs, "db-bootstrap@"+storetest.CtlName)
 	assert.NotContains(t, runs, "db-bootstrap@"+ctl2.Name)
 	assert.Contains(t, runs, "db@"+ctl2.Name)
-	assert.Equal(t, []fuel.PrimaryTag{{DeploymentID: f.dep.ID, Tag: "db", NodeID: f.ctl.ID}}, recorded())
+	assert.Equal(t, []fuel.PrimaryTag{{DeploymentID: f.Dep.ID, Tag: "db", NodeID: f.Ctl.ID}}, recorded())
 
 	// ctl loses db: ctl2 takes over, and keeps it when ctl gets db back.
-	_, err = f.store.UnassignTags(f.ctx, ctlName, []string{"db"})
+	_, err = f.Store.UnassignTags(f.Ctx, storetest.CtlName, []string{"db"})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"db"}, primaryOf(ctl2.Name))
 	runs = planned()
 	assert.Contains(t, runs, "db-bootstrap@"+ctl2.Name)
-	assert.NotContains(t, runs, "db-bootstrap@"+ctlName)
-	_, err = f.store.AssignTags(f.ctx, ctlName, []string{"db"})
+	assert.NotContains(t, runs, "db-bootstrap@"+storetest.CtlName)
+	_, err = f.Store.AssignTags(f.Ctx, storetest.CtlName, []string{"db"})
 	require.NoError(t, err)
 	for range 2 {
 		runs = planned()
 		assert.Contains(t, runs, "db-bootstrap@"+ctl2.Name, "stable across re-plans")
-		assert.NotContains(t, runs, "db-bootstrap@"+ctlName)
+		assert.NotContains(t, runs, "db-bootstrap@"+storetest.CtlName)
 	}
-	assert.Equal(t, []string{}, primaryOf(ctlName))
+	assert.Equal(t, []string{}, primaryOf(storetest.CtlName))
 
 	// ctl2 leaves the deployment: ctl is primary again.
 	sys := models.SystemDeployment
-	_, err = f.store.UpdateNode(f.ctx, ctl2.Name, models.NodeUpdate{Deployment: &sys})
+	_, err = f.Store.UpdateNode(f.Ctx, ctl2.Name, models.NodeUpdate{Deployment: &sys})
 	require.NoError(t, err)
 	runs = planned()
-	assert.Contains(t, runs, "db-bootstrap@"+ctlName)
-	assert.Equal(t, []fuel.PrimaryTag{{DeploymentID: f.dep.ID, Tag: "db", NodeID: f.ctl.ID}}, recorded())
+	assert.Contains(t, runs, "db-bootstrap@"+storetest.CtlName)
+	assert.Equal(t, []fuel.PrimaryTag{{DeploymentID: f.Dep.ID, Tag: "db", NodeID: f.Ctl.ID}}, recorded())
 
 	// Nobody holds db: no primary, the row goes.
-	_, err = f.store.UnassignTags(f.ctx, ctlName, []string{"db"})
+	_, err = f.Store.UnassignTags(f.Ctx, storetest.CtlName, []string{"db"})
 	require.NoError(t, err)
 	runs = planned()
 	for label := range runs {
@@ -354,17 +356,17 @@ func TestPrimaryTags(t *testing.T) {
 
 	// A deployment tag with has_primary works the same; a role name counts
 	// as held.
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "compute-lead", Deployment: "prod", HasPrimary: true})
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "compute-lead", Deployment: "prod", HasPrimary: true})
 	require.NoError(t, err)
-	_, err = f.store.AssignTags(f.ctx, cmpName, []string{"compute-lead"})
+	_, err = f.Store.AssignTags(f.Ctx, storetest.CmpName, []string{"compute-lead"})
 	require.NoError(t, err)
-	assert.Equal(t, []string{"compute-lead"}, primaryOf(cmpName))
+	assert.Equal(t, []string{"compute-lead"}, primaryOf(storetest.CmpName))
 	assert.True(t, plan.Resolves([]string{"primary-compute-lead"}, []string{"primary-compute-lead"}))
 }
 
 func TestCheckDeployment(t *testing.T) {
-	f := newFixture(t)
-	check, err := f.store.CheckDeployment(f.ctx, "prod")
+	f := storetest.NewFixture(t)
+	check, err := f.Store.CheckDeployment(f.Ctx, "prod")
 	require.NoError(t, err)
 	assert.True(t, check.OK)
 	assert.Equal(t, "prod", check.Deployment)
@@ -373,24 +375,24 @@ func TestCheckDeployment(t *testing.T) {
 	assert.Empty(t, check.Warnings)
 
 	// An instance tag does not hold its base tag; user tags are not mandatory.
-	_, err = f.store.UnassignTags(f.ctx, ctlName, []string{"db"})
+	_, err = f.Store.UnassignTags(f.Ctx, storetest.CtlName, []string{"db"})
 	require.NoError(t, err)
-	_, err = f.store.AssignTags(f.ctx, ctlName, []string{"db:1"})
+	_, err = f.Store.AssignTags(f.Ctx, storetest.CtlName, []string{"db:1"})
 	require.NoError(t, err)
-	_, err = f.store.CreateTag(f.ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
+	_, err = f.Store.CreateTag(f.Ctx, fuel.TagInput{Name: "swift", Deployment: "prod"})
 	require.NoError(t, err)
-	check, err = f.store.CheckDeployment(f.ctx, "prod")
+	check, err = f.Store.CheckDeployment(f.Ctx, "prod")
 	require.NoError(t, err)
 	assert.False(t, check.OK)
 	assert.Equal(t, []fuel.CheckWarning{{Tag: "db",
 		Message: "no node of deployment prod holds the mandatory tag db (declared by release openstack@1.0)"}}, check.Warnings)
 
 	// Deploying is still allowed.
-	f.execute(t, fuel.ExecuteInput{})
+	f.Execute(t, fuel.ExecuteInput{})
 
-	system, err := f.store.CheckDeployment(f.ctx, models.SystemDeployment)
+	system, err := f.Store.CheckDeployment(f.Ctx, models.SystemDeployment)
 	require.NoError(t, err)
 	assert.True(t, system.OK, "no release, nothing mandatory")
-	_, err = f.store.CheckDeployment(f.ctx, "nope")
+	_, err = f.Store.CheckDeployment(f.Ctx, "nope")
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }

@@ -1,4 +1,4 @@
-package models_test
+package fuel_test
 
 import (
 	"testing"
@@ -7,7 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/plan"
+	"github.com/anneal-dev/anneal/models/storetest"
 )
 
 func strp(s string) *string { return &s }
@@ -18,8 +20,8 @@ func pluginOwner(p *fuel.Plugin) fuel.GraphOwner {
 }
 
 func TestGraphMergeThreeLevels(t *testing.T) {
-	f := newFixture(t)
-	s, ctx := f.store, f.ctx
+	f := storetest.NewFixture(t)
+	s, ctx := f.Store, f.Ctx
 	newPlugin := func(name string) *fuel.Plugin {
 		p, err := s.CreatePlugin(ctx, fuel.PluginInput{Name: name, Version: "1.0", Title: name + " plugin"})
 		require.NoError(t, err)
@@ -83,7 +85,7 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 	require.Len(t, enabled, 2)
 	assert.Equal(t, []string{"alpha", "gamma"}, []string{enabled[0].Name, enabled[1].Name})
 
-	g, err := s.ResolveGraph(ctx, f.dep, "deployment")
+	g, err := s.ResolveGraph(ctx, f.Dep, "deployment")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"setup", "db", "nova", "monitor"}, taskIDs(g.Tasks))
 	assert.Equal(t, "echo setup", g.Tasks[0].Parameters.Cmd, "the disabled beta does not replace setup")
@@ -102,7 +104,7 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 	assert.Equal(t, alpha.ID, g.Sources[1].OwnerID)
 	assert.Equal(t, gamma.ID, g.Sources[2].OwnerID)
 
-	types, err := s.GraphTypes(ctx, f.dep)
+	types, err := s.GraphTypes(ctx, f.Dep)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"alpha-check", "deployment", "provision"}, types)
 
@@ -116,17 +118,17 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 
 	// Planning uses the merged graph: gamma's monitor runs on the controller
 	// through its legacy role, after nothing but setup's successors.
-	p, err := s.PlanPreview(ctx, f.dep, "deployment")
+	p, err := s.PlanPreview(ctx, f.Dep, "deployment")
 	require.NoError(t, err)
 	labels := map[string]bool{}
 	for _, r := range p.Runs {
 		labels[r.Label()] = true
 	}
 	assert.Equal(t, map[string]bool{
-		"setup@" + ctlName: true, "setup@" + cmpName: true, "db@" + ctlName: true,
-		"nova@" + cmpName: true, "monitor@" + ctlName: true,
+		"setup@" + storetest.CtlName: true, "setup@" + storetest.CmpName: true, "db@" + storetest.CtlName: true,
+		"nova@" + storetest.CmpName: true, "monitor@" + storetest.CtlName: true,
 	}, labels)
-	_, gp := f.plan(t)
+	_, gp := f.Plan(t)
 	assert.Equal(t, 5, gp.Runs, "execute plans the same merged graph")
 
 	// The own graphs are unmerged.
@@ -142,30 +144,30 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 }
 
 func TestGraphWrites(t *testing.T) {
-	f := newFixture(t)
-	s, ctx := f.store, f.ctx
+	f := storetest.NewFixture(t)
+	s, ctx := f.Store, f.Ctx
 	rel := fuel.GraphOwner{Kind: fuel.OwnerRelease, Ref: "openstack@1.0"}
 	dep := fuel.GraphOwner{Kind: fuel.OwnerDeployment, Ref: "prod"}
-	graphs := func() int64 { return count(t, s, &fuel.Graph{}) }
+	graphs := func() int64 { return storetest.Count(t, s, &fuel.Graph{}) }
 	start := graphs()
 
 	// Bad input, before anything is written.
 	_, err := s.CreateGraph(ctx, dep, "Bad Type", fuel.GraphInput{})
-	requireInput(t, err, "type")
+	storetest.RequireInput(t, err, "type")
 	_, err = s.CreateGraph(ctx, dep, "custom", fuel.GraphInput{Type: "other"})
-	requireInput(t, err, "type")
+	storetest.RequireInput(t, err, "type")
 	_, err = s.CreateGraph(ctx, dep, "custom", fuel.GraphInput{Tasks: []plan.Task{{ID: "a"}, {ID: "a"}}})
-	ie := requireInput(t, err, "tasks")
+	ie := storetest.RequireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, "duplicate task id")
 	_, err = s.CreateGraph(ctx, dep, "custom", fuel.GraphInput{Tasks: []plan.Task{{ID: "a", Tags: []string{"/[/"}}}})
-	requireInput(t, err, "tasks")
+	storetest.RequireInput(t, err, "tasks")
 	// A release is the base level: it may name only its own tasks.
 	_, err = s.CreateGraph(ctx, rel, "custom", fuel.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"elsewhere"}}}})
-	ie = requireInput(t, err, "tasks")
+	ie = storetest.RequireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, `unknown task "elsewhere"`)
 	// A deployment may name the release's tasks, but not unknown ones.
 	_, err = s.CreateGraph(ctx, dep, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "a", Requires: []string{"nowhere"}}}})
-	ie = requireInput(t, err, "tasks")
+	ie = storetest.RequireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, `merged into graph "deployment" of deployment "prod"`)
 	assert.Equal(t, "prod", ie.Details["deployment"])
 	_, err = s.CreateGraph(ctx, fuel.GraphOwner{Kind: fuel.OwnerDeployment, Ref: "nope"}, "custom", fuel.GraphInput{})
@@ -183,7 +185,7 @@ func TestGraphWrites(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "local", g.Name)
 	_, err = s.CreateGraph(ctx, dep, "deployment", fuel.GraphInput{})
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 
 	g, err = s.PatchGraph(ctx, dep, "deployment", fuel.GraphInput{
 		Metadata: map[string]any{"b": "two"},
@@ -198,16 +200,16 @@ func TestGraphWrites(t *testing.T) {
 	assert.Equal(t, []string{"smoke", "extra"}, taskIDs(g.Tasks))
 	assert.Equal(t, "echo smoke", g.Tasks[0].Parameters.Cmd)
 	_, err = s.PatchGraph(ctx, dep, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "extra", Requires: []string{"nowhere"}}}})
-	requireInput(t, err, "tasks")
+	storetest.RequireInput(t, err, "tasks")
 	stored, err := s.OwnGraph(ctx, dep, "deployment")
 	require.NoError(t, err)
 	assert.Equal(t, g.Tasks, stored.Tasks, "a refused patch writes nothing")
 
 	// The release cannot drop a task the deployment's graph needs.
 	_, _, err = s.ReplaceGraph(ctx, rel, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "setup"}}})
-	ie = requireInput(t, err, "tasks")
+	ie = storetest.RequireInput(t, err, "tasks")
 	assert.Contains(t, ie.Reason, `unknown task "db"`)
-	requireConflict(t, s.DeleteGraph(ctx, rel, "deployment"))
+	storetest.RequireConflict(t, s.DeleteGraph(ctx, rel, "deployment"))
 
 	g, created, err := s.ReplaceGraph(ctx, dep, "deployment", fuel.GraphInput{Tasks: []plan.Task{{ID: "only"}}})
 	require.NoError(t, err)
@@ -223,20 +225,20 @@ func TestGraphWrites(t *testing.T) {
 	// Plugins: validation, conflicts, and enabling a plugin whose graph
 	// does not fit the deployment.
 	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Version: "1"})
-	requireInput(t, err, "name")
+	storetest.RequireInput(t, err, "name")
 	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Name: "42", Version: "1"})
-	requireInput(t, err, "name")
+	storetest.RequireInput(t, err, "name")
 	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Name: "lma"})
-	requireInput(t, err, "version")
+	storetest.RequireInput(t, err, "version")
 	p, err := s.CreatePlugin(ctx, fuel.PluginInput{Name: "lma", Version: "1"})
 	require.NoError(t, err)
 	_, err = s.CreatePlugin(ctx, fuel.PluginInput{Name: "lma", Version: "1"})
-	requireConflict(t, err)
+	storetest.RequireConflict(t, err)
 	_, err = s.CreateGraph(ctx, pluginOwner(p), "deployment", fuel.GraphInput{
 		Tasks: []plan.Task{{ID: "collector", Requires: []string{"not-in-release"}}},
 	})
 	require.NoError(t, err, "a plugin's references are checked where it is enabled")
-	requireConflict(t, s.EnablePlugin(ctx, "prod", "lma"))
+	storetest.RequireConflict(t, s.EnablePlugin(ctx, "prod", "lma"))
 	plugins, err := s.DeploymentPlugins(ctx, "prod")
 	require.NoError(t, err)
 	assert.Empty(t, plugins)
