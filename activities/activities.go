@@ -17,19 +17,21 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/models/crowbar"
 	"github.com/anneal-dev/anneal/models/fuel"
-	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
-// Activities carries what the activities need.
+// Activities carries what the activities need: the stores, each through
+// the small interface its activities use (declared beside them), the
+// Temporal client and the logger.
 type Activities struct {
-	Store   *models.Store
-	Fuel    *fuel.Store
-	Crowbar *crowbar.Store
-	Heat    *heat.Store
-	Log     *slog.Logger
+	Runs      Runs
+	Plans     Plans
+	LocalRuns LocalRuns
+	Reboots   Reboots
+	NodeRoles NodeRoles
+	Software  SoftwareRounds
+	Log       *slog.Logger
 	// OrchestratorDir is where master_shell tasks run (a directory per
 	// node); default <tmp>/anneal-orchestrator.
 	OrchestratorDir string
@@ -40,6 +42,31 @@ type Activities struct {
 	// HeartbeatTimeoutSec is how long a noderole's run may go without its
 	// agent's heartbeat (0: the workflows' default).
 	HeartbeatTimeoutSec int
+	// NodeBusyWait is how long a run waits inside its activity for a busy
+	// node before it fails with contract.ErrTypeNodeBusy (0: 30 s).
+	NodeBusyWait time.Duration
+}
+
+// Runs is what the transaction activities need of task runs: dispatch and
+// state writes (the kernel store).
+type Runs interface {
+	DispatchRun(ctx context.Context, runID int64, token []byte) (*models.TaskRun, error)
+	FailRun(ctx context.Context, runID int64, reason string, blocked []int64) error
+	CancelRuns(ctx context.Context, ids []int64, reason string) error
+	RunStates(ctx context.Context, ids []int64) (map[int64]string, error)
+	AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeID int64, reason string) error
+	SucceedNoOp(ctx context.Context, runID int64) error
+}
+
+// Plans is what they need of Fuel's transactions: planning a graph, a
+// node's share of it, the node's end of a graph and the transaction's end
+// (the Fuel store).
+type Plans interface {
+	PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.GraphPlan, error)
+	NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*contract.NodePlan, error)
+	StartNodeGraph(ctx context.Context, nodeID int64) error
+	FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeID int64, outcome string) error
+	FinishTransaction(ctx context.Context, id uuid.UUID, stopped bool, failReason string) (*fuel.TransactionStatus, error)
 }
 
 // transactionID parses a transaction id from a payload; a malformed one
@@ -59,7 +86,7 @@ func (a *Activities) PlanGraph(ctx context.Context, ref contract.GraphRef) (*con
 	if err != nil {
 		return nil, err
 	}
-	p, err := a.Fuel.PlanGraph(ctx, id, ref.GraphIndex)
+	p, err := a.Plans.PlanGraph(ctx, id, ref.GraphIndex)
 	var perr *fuel.PlanError
 	if errors.As(err, &perr) {
 		return nil, temporal.NewNonRetryableApplicationError(perr.Reason, contract.ErrTypePlan, nil)
@@ -80,13 +107,13 @@ func (a *Activities) LoadNodePlan(ctx context.Context, ref contract.NodeRef) (*c
 	if err != nil {
 		return nil, err
 	}
-	np, err := a.Fuel.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
+	np, err := a.Plans.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
 	if err != nil {
 		return nil, err
 	}
 	for _, r := range np.Runs {
 		if r.State == contract.RunPending {
-			return np, a.Fuel.StartNodeGraph(ctx, ref.NodeID)
+			return np, a.Plans.StartNodeGraph(ctx, ref.NodeID)
 		}
 	}
 	return np, nil
@@ -121,13 +148,13 @@ func (a *Activities) RunTaskOnNode(ctx context.Context, in contract.RunTaskInput
 }
 
 // A run whose node is busy waits inside its activity, heartbeating, for
-// up to nodeBusyWait, looking again every nodeBusyPoll; after that it
+// up to NodeBusyWait, looking again every nodeBusyPoll; after that it
 // fails with contract.ErrTypeNodeBusy and the workflow waits with a timer and tries
 // again, so a long wait neither counts against the run's time limit nor
 // costs history while it is short.
 const (
-	nodeBusyPoll = time.Second
-	nodeBusyWait = 30 * time.Second
+	nodeBusyPoll        = time.Second
+	defaultNodeBusyWait = 30 * time.Second
 )
 
 // dispatchWhenFree dispatches a run, waiting while its node runs something
@@ -137,18 +164,22 @@ func (a *Activities) dispatchWhenFree(ctx context.Context, in contract.RunTaskIn
 	var run *models.TaskRun
 	err := a.whenNodeFree(ctx, in, func() error {
 		var err error
-		run, err = a.Store.DispatchRun(ctx, in.RunID, token)
+		run, err = a.Runs.DispatchRun(ctx, in.RunID, token)
 		return err
 	})
 	return run, err
 }
 
 // whenNodeFree calls try until it does not answer that the node is busy,
-// heartbeating why it waits, for up to nodeBusyWait; then it fails with
+// heartbeating why it waits, for up to NodeBusyWait; then it fails with
 // contract.ErrTypeNodeBusy (not retried by the activity: the workflow waits).
 func (a *Activities) whenNodeFree(ctx context.Context, in contract.RunTaskInput, try func() error) error {
 	logged := false
-	deadline := time.Now().Add(nodeBusyWait)
+	wait := a.NodeBusyWait
+	if wait == 0 {
+		wait = defaultNodeBusyWait
+	}
+	deadline := time.Now().Add(wait)
 	for {
 		err := try()
 		var busy *models.NodeBusyError
@@ -173,18 +204,18 @@ func (a *Activities) whenNodeFree(ctx context.Context, in contract.RunTaskInput,
 
 // RecordRunFailure writes a failure and the runs it blocks.
 func (a *Activities) RecordRunFailure(ctx context.Context, f contract.RunFailure) error {
-	return a.Store.FailRun(ctx, f.RunID, f.Reason, f.Blocked)
+	return a.Runs.FailRun(ctx, f.RunID, f.Reason, f.Blocked)
 }
 
 // CancelRuns marks runs that never started as cancelled.
 func (a *Activities) CancelRuns(ctx context.Context, in contract.RunsToCancel) error {
-	return a.Store.CancelRuns(ctx, in.RunIDs, in.Reason)
+	return a.Runs.CancelRuns(ctx, in.RunIDs, in.Reason)
 }
 
 // CheckRunStates reads runs' states: the fallback when a wake-up from
 // another node's workflow may have been missed.
 func (a *Activities) CheckRunStates(ctx context.Context, ids []int64) (map[int64]string, error) {
-	return a.Store.RunStates(ctx, ids)
+	return a.Runs.RunStates(ctx, ids)
 }
 
 // AbandonNodeRuns fails the unfinished runs of a node whose workflow ended
@@ -194,7 +225,7 @@ func (a *Activities) AbandonNodeRuns(ctx context.Context, in contract.NodeAbando
 	if err != nil {
 		return err
 	}
-	return a.Store.AbandonNodeRuns(ctx, id, in.GraphIndex, in.NodeID, in.Reason)
+	return a.Runs.AbandonNodeRuns(ctx, id, in.GraphIndex, in.NodeID, in.Reason)
 }
 
 // FinishTransaction records the transaction's final status from its runs.
@@ -203,7 +234,7 @@ func (a *Activities) FinishTransaction(ctx context.Context, in contract.FinishIn
 	if err != nil {
 		return nil, err
 	}
-	st, err := a.Fuel.FinishTransaction(ctx, id, in.Stopped, in.FailReason)
+	st, err := a.Plans.FinishTransaction(ctx, id, in.Stopped, in.FailReason)
 	if err != nil {
 		return nil, missingTransaction(ctx, err)
 	}
@@ -217,7 +248,7 @@ func (a *Activities) FinishTransaction(ctx context.Context, in contract.FinishIn
 
 // RecordNoOp marks a run with nothing to execute as succeeded.
 func (a *Activities) RecordNoOp(ctx context.Context, runID int64) error {
-	return a.Store.SucceedNoOp(ctx, runID)
+	return a.Runs.SucceedNoOp(ctx, runID)
 }
 
 // FinishNodeGraph applies the graph's on_success/on_error/on_stop callback
@@ -227,7 +258,7 @@ func (a *Activities) FinishNodeGraph(ctx context.Context, end contract.NodeGraph
 	if err != nil {
 		return err
 	}
-	return a.Fuel.FinishNodeGraph(ctx, id, end.GraphIndex, end.NodeID, end.Outcome)
+	return a.Plans.FinishNodeGraph(ctx, id, end.GraphIndex, end.NodeID, end.Outcome)
 }
 
 // missingTransactionAttempts bounds how long an activity waits for its

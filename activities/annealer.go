@@ -23,18 +23,31 @@ const (
 	AnnealBatch = 100
 )
 
+// NodeRoles is what the annealer's activities need of Crowbar's model:
+// choosing and starting noderoles, preparing and finishing their runs,
+// finding transitions without a run, and a new node's bootstrap (the
+// Crowbar store).
+type NodeRoles interface {
+	NextNodeRoles(ctx context.Context, deploymentID int64, limit int) ([]crowbar.NodeRole, error)
+	StartNodeRole(ctx context.Context, id int64, start func(nr *crowbar.NodeRole) error) (*crowbar.NodeRole, error)
+	NodeRolesInTransition(ctx context.Context) ([]crowbar.NodeRole, error)
+	PrepareNodeRoleRun(ctx context.Context, id int64, run int) (*contract.NodeRoleRunPlan, error)
+	FinishNodeRoleRun(ctx context.Context, id int64, run int, ok bool, reason string) (*crowbar.NodeRole, error)
+	BootstrapNode(ctx context.Context, nodeID int64) (*contract.BootstrapResult, error)
+}
+
 // Anneal starts the noderoles that can run now (models.NextNodeRoles): each
 // goes to transition and gets its run workflow in one database transaction.
 // A noderole another caller started first is passed over.
 func (a *Activities) Anneal(ctx context.Context) (*contract.AnnealResult, error) {
-	next, err := a.Crowbar.NextNodeRoles(ctx, 0, AnnealBatch)
+	next, err := a.NodeRoles.NextNodeRoles(ctx, 0, AnnealBatch)
 	if err != nil {
 		return nil, err
 	}
 	res := &contract.AnnealResult{More: len(next) == AnnealBatch}
 	var failed error
 	for _, nr := range next {
-		_, err := a.Crowbar.StartNodeRole(ctx, nr.ID, func(n *crowbar.NodeRole) error {
+		_, err := a.NodeRoles.StartNodeRole(ctx, nr.ID, func(n *crowbar.NodeRole) error {
 			return a.startNodeRoleRun(ctx, n)
 		})
 		var conflict *models.ConflictError
@@ -74,7 +87,7 @@ func (a *Activities) startNodeRoleRun(ctx context.Context, nr *crowbar.NodeRole)
 // otherwise they would hold their node forever. The annealer runs it when
 // it starts and when it has been idle for its fallback period.
 func (a *Activities) RecoverTransitions(ctx context.Context) ([]int64, error) {
-	nrs, err := a.Crowbar.NodeRolesInTransition(ctx)
+	nrs, err := a.NodeRoles.NodeRolesInTransition(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +108,7 @@ func (a *Activities) RecoverTransitions(ctx context.Context) ([]int64, error) {
 			status = desc.GetWorkflowExecutionInfo().GetStatus().String()
 		}
 		reason := fmt.Sprintf("the workflow running it (%s) is %s; retry the noderole (POST /api/v1/noderoles/%d/retry)", id, status, nr.ID)
-		if _, err := a.Crowbar.FinishNodeRoleRun(ctx, nr.ID, run, false, reason); err != nil {
+		if _, err := a.NodeRoles.FinishNodeRoleRun(ctx, nr.ID, run, false, reason); err != nil {
 			return nil, err
 		}
 		a.Log.Warn("noderole in transition without a run", "noderole", nr.ID, "node", nr.NodeName, "role", nr.RoleName, "reason", reason)
@@ -107,7 +120,7 @@ func (a *Activities) RecoverTransitions(ctx context.Context) ([]int64, error) {
 // PrepareNodeRoleRun creates the task run of a noderole's run with the
 // attributes it sees (see models.PrepareNodeRoleRun).
 func (a *Activities) PrepareNodeRoleRun(ctx context.Context, in contract.NodeRoleRunInput) (*contract.NodeRoleRunPlan, error) {
-	return a.Crowbar.PrepareNodeRoleRun(ctx, in.NodeRoleID, in.Run)
+	return a.NodeRoles.PrepareNodeRoleRun(ctx, in.NodeRoleID, in.Run)
 }
 
 // FinishNodeRoleRun records the end of a noderole's run (its state, its
@@ -115,7 +128,7 @@ func (a *Activities) PrepareNodeRoleRun(ctx context.Context, in contract.NodeRol
 // children may have become todo. It returns the noderole's state only: the
 // history keeps summaries, Postgres the data.
 func (a *Activities) FinishNodeRoleRun(ctx context.Context, end contract.NodeRoleRunEnd) (string, error) {
-	nr, err := a.Crowbar.FinishNodeRoleRun(ctx, end.NodeRoleID, end.Run, end.OK, end.Reason)
+	nr, err := a.NodeRoles.FinishNodeRoleRun(ctx, end.NodeRoleID, end.Run, end.OK, end.Reason)
 	if err != nil {
 		return "", err
 	}
@@ -131,7 +144,7 @@ func (a *Activities) FinishNodeRoleRun(ctx context.Context, end contract.NodeRol
 // release makes impossible (a discovery role whose parent is nowhere) fails
 // for good, naming the role; a node whose creation was rolled back too.
 func (a *Activities) BootstrapNode(ctx context.Context, in contract.NodeBootstrapInput) (*contract.BootstrapResult, error) {
-	res, err := a.Crowbar.BootstrapNode(ctx, in.NodeID)
+	res, err := a.NodeRoles.BootstrapNode(ctx, in.NodeID)
 	var bad *models.InputError
 	var conflict *models.ConflictError
 	switch {

@@ -20,6 +20,15 @@ import (
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
+// LocalRuns is what the orchestrator jig needs: starting a run in the
+// worker, recording its result like an agent's, and move_to_bootstrap
+// (the Fuel store, which reaches the kernel's run methods).
+type LocalRuns interface {
+	StartLocalRun(ctx context.Context, runID int64) (*models.TaskRun, *models.Node, error)
+	RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*models.RecordedResult, error)
+	MoveToBootstrap(ctx context.Context, nodeID int64) error
+}
+
 // RunOnOrchestrator runs a task in the worker rather than on its node (the
 // orchestrator jig): master_shell runs its command here with the node's
 // context in its environment, as Fuel runs it on the master node;
@@ -30,7 +39,7 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in contract.RunTaskI
 	var node *models.Node
 	err := a.whenNodeFree(ctx, in, func() error {
 		var err error
-		run, node, err = a.Store.StartLocalRun(ctx, in.RunID)
+		run, node, err = a.LocalRuns.StartLocalRun(ctx, in.RunID)
 		return err
 	})
 	if err != nil {
@@ -59,7 +68,7 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in contract.RunTaskI
 	switch run.TaskType {
 	case fuel.TaskMoveToBootstrap:
 		start := time.Now()
-		err := a.Fuel.MoveToBootstrap(ctx, node.ID)
+		err := a.LocalRuns.MoveToBootstrap(ctx, node.ID)
 		res = protocol.RunResult{Attempt: run.Attempt, StartedAt: start, FinishedAt: time.Now(),
 			StdoutTail: fmt.Sprintf("%s returned to discovery (system deployment, no roles or tags)\n", node.Name)}
 		if err != nil {
@@ -71,7 +80,7 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in contract.RunTaskI
 			return nil, err
 		}
 	}
-	rec, err := a.Store.RecordRunResult(ctx, node.ID, run.ID, res)
+	rec, err := a.LocalRuns.RecordRunResult(ctx, node.ID, run.ID, res)
 	if err != nil {
 		return nil, err
 	}

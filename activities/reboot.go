@@ -11,9 +11,16 @@ import (
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
+// Reboots is what a reboot task's wait needs: the node's boot id, and
+// failing the run when the node does not come back (the kernel store).
+type Reboots interface {
+	NodeBootID(ctx context.Context, nodeID int64) (string, error)
+	RejectRebootRun(ctx context.Context, runID int64, reason string) error
+}
+
 // NodeBootID reads a node's boot id before a reboot task.
 func (a *Activities) NodeBootID(ctx context.Context, nodeID int64) (string, error) {
-	return a.Store.NodeBootID(ctx, nodeID)
+	return a.Reboots.NodeBootID(ctx, nodeID)
 }
 
 // rebootPoll is how often AwaitReboot looks at the node's boot id.
@@ -25,7 +32,7 @@ const rebootPoll = time.Second
 func (a *Activities) AwaitReboot(ctx context.Context, w contract.RebootWait) error {
 	deadline := time.Now().Add(time.Duration(w.TimeoutSec) * time.Second)
 	for {
-		boot, err := a.Store.NodeBootID(ctx, w.NodeID)
+		boot, err := a.Reboots.NodeBootID(ctx, w.NodeID)
 		if err != nil {
 			return err
 		}
@@ -35,7 +42,7 @@ func (a *Activities) AwaitReboot(ctx context.Context, w contract.RebootWait) err
 		}
 		if time.Now().After(deadline) {
 			reason := fmt.Sprintf("node %s did not come back with a new boot id within %ds after the reboot", w.Node, w.TimeoutSec)
-			if err := a.Store.RejectRebootRun(ctx, w.RunID, reason); err != nil {
+			if err := a.Reboots.RejectRebootRun(ctx, w.RunID, reason); err != nil {
 				return err
 			}
 			return temporal.NewNonRetryableApplicationError(reason, contract.ErrTypeTaskFailed, nil)

@@ -10,11 +10,18 @@ import (
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
+// SoftwareRounds is what a software deployment's activities need: starting
+// and ending a round (the Heat store).
+type SoftwareRounds interface {
+	PrepareSoftwareRound(ctx context.Context, id int64, round int) (*contract.SoftwarePrepared, error)
+	FinishSoftwareRound(ctx context.Context, id int64, round int, status, reason string) (bool, error)
+}
+
 // PrepareSoftwareRound starts a round: it resolves the get_attr references
 // of the deployment's inputs and, when they are all COMPLETE, marks the
 // deployment IN_PROGRESS and wakes the node's agent. Idempotent.
 func (a *Activities) PrepareSoftwareRound(ctx context.Context, in contract.SoftwareRound) (*contract.SoftwarePrepared, error) {
-	p, err := a.Heat.PrepareSoftwareRound(ctx, in.DeploymentID, in.Round)
+	p, err := a.Software.PrepareSoftwareRound(ctx, in.DeploymentID, in.Round)
 	if errors.Is(err, heat.ErrRoundNotYetVisible) && activity.GetInfo(ctx).Attempt > 8 {
 		// Retried for minutes: the request that started the round rolled
 		// back (or the deployment was deleted).
@@ -34,7 +41,7 @@ func (a *Activities) PrepareSoftwareRound(ctx context.Context, in contract.Softw
 // reason), with the outputs its agent signalled. Idempotent: it reports
 // false when the round had already ended or is no longer current.
 func (a *Activities) FinishSoftwareRound(ctx context.Context, in contract.SoftwareEnd) (bool, error) {
-	changed, err := a.Heat.FinishSoftwareRound(ctx, in.DeploymentID, in.Round, in.Status, in.Reason)
+	changed, err := a.Software.FinishSoftwareRound(ctx, in.DeploymentID, in.Round, in.Status, in.Reason)
 	if err != nil {
 		return false, err
 	}

@@ -132,8 +132,11 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, heartbea
 		MaxConcurrentActivityTaskPollers: 8,
 	})
 	workflows.Register(w)
+	plans := fuel.New(store)
 	w.RegisterActivity(&activities.Activities{
-		Store: store, Fuel: fuel.New(store), Crowbar: crowbar.New(store), Heat: heat.New(store), Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
+		Runs: store, Plans: plans, LocalRuns: plans, Reboots: store,
+		NodeRoles: crowbar.New(store), Software: heat.New(store),
+		Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
 	})
 	return w
 }

@@ -239,12 +239,18 @@ func StartTransaction(ctx context.Context, tc client.Client, opts client.StartWo
 	return err
 }
 
+// ActivityCompleter completes an activity by its task token: a Temporal
+// client (or, in tests, an adapter over the test environment).
+type ActivityCompleter interface {
+	CompleteActivity(ctx context.Context, taskToken []byte, result any, err error) error
+}
+
 // CompleteRunOnNode completes the RunTaskOnNode activity identified by its
 // task token with the agent's report: a succeeded run completes it with a
 // RunOutcome; a failed one fails it with ErrTypeTaskFailed (retryable per
 // the task's retries), carrying the RunOutcome as details and reason as the
 // message. It is the one encoding of a run's outcome for its workflow.
-func CompleteRunOnNode(ctx context.Context, tc client.Client, taskToken []byte, succeeded bool, exitCode int, reason string) error {
+func CompleteRunOnNode(ctx context.Context, tc ActivityCompleter, taskToken []byte, succeeded bool, exitCode int, reason string) error {
 	out := RunOutcome{ExitCode: exitCode}
 	if succeeded {
 		return tc.CompleteActivity(ctx, taskToken, out, nil)

@@ -1,0 +1,347 @@
+package activities_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/mock"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/mocks"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/anneal-dev/anneal/activities"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/crowbar"
+	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/workflows/contract"
+)
+
+// fakeRuns keeps task runs in memory the way the kernel store does for
+// the activities: a pending, running or failed run is (re)dispatched with
+// the activity's task token, a finished one is returned as it is, and a
+// node can be made busy.
+type fakeRuns struct {
+	mu         sync.Mutex
+	runs       map[int64]*models.TaskRun
+	busy       string // the node is busy with this, if set
+	dispatches int
+	tokens     [][]byte
+}
+
+func newFakeRuns(runs ...models.TaskRun) *fakeRuns {
+	f := &fakeRuns{runs: map[int64]*models.TaskRun{}}
+	for i := range runs {
+		f.runs[runs[i].ID] = &runs[i]
+	}
+	return f
+}
+
+func (f *fakeRuns) DispatchRun(_ context.Context, runID int64, token []byte) (*models.TaskRun, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	run, ok := f.runs[runID]
+	if !ok {
+		return nil, models.NotFound("run", runID)
+	}
+	if f.busy != "" {
+		return nil, &models.NodeBusyError{Node: run.NodeName, Reason: f.busy}
+	}
+	switch run.State {
+	case contract.RunPending, contract.RunRunning, contract.RunFailed:
+		run.State, run.Attempt, run.TaskToken = contract.RunRunning, run.Attempt+1, token
+		f.dispatches++
+		f.tokens = append(f.tokens, token)
+	}
+	out := *run
+	return &out, nil
+}
+
+// report is the agent's report as the store records it.
+func (f *fakeRuns) report(runID int64, exit int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	run := f.runs[runID]
+	run.ExitCode = &exit
+	run.State = contract.RunSucceeded
+	if exit != 0 {
+		run.State = contract.RunFailed
+	}
+}
+
+func (f *fakeRuns) lastToken() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.tokens) == 0 {
+		return nil
+	}
+	return f.tokens[len(f.tokens)-1]
+}
+
+func (f *fakeRuns) FailRun(context.Context, int64, string, []int64) error { return nil }
+func (f *fakeRuns) CancelRuns(context.Context, []int64, string) error     { return nil }
+func (f *fakeRuns) RunStates(context.Context, []int64) (map[int64]string, error) {
+	return nil, nil
+}
+func (f *fakeRuns) AbandonNodeRuns(context.Context, uuid.UUID, int, int64, string) error { return nil }
+func (f *fakeRuns) SucceedNoOp(context.Context, int64) error                             { return nil }
+
+// fakePlans answers every planning call with err (a missing transaction,
+// say), counting the calls.
+type fakePlans struct {
+	err   error
+	calls int
+}
+
+func (f *fakePlans) PlanGraph(context.Context, uuid.UUID, int) (*contract.GraphPlan, error) {
+	f.calls++
+	return nil, f.err
+}
+func (f *fakePlans) NodePlan(context.Context, uuid.UUID, int, int64) (*contract.NodePlan, error) {
+	f.calls++
+	return nil, f.err
+}
+func (f *fakePlans) StartNodeGraph(context.Context, int64) error { return f.err }
+func (f *fakePlans) FinishNodeGraph(context.Context, uuid.UUID, int, int64, string) error {
+	return f.err
+}
+func (f *fakePlans) FinishTransaction(context.Context, uuid.UUID, bool, string) (*fuel.TransactionStatus, error) {
+	f.calls++
+	return nil, f.err
+}
+
+// fakeNodeRoles answers a bootstrap with err, counting the calls.
+type fakeNodeRoles struct {
+	err   error
+	calls int
+}
+
+func (f *fakeNodeRoles) NextNodeRoles(context.Context, int64, int) ([]crowbar.NodeRole, error) {
+	return nil, nil
+}
+func (f *fakeNodeRoles) StartNodeRole(context.Context, int64, func(*crowbar.NodeRole) error) (*crowbar.NodeRole, error) {
+	return nil, nil
+}
+func (f *fakeNodeRoles) NodeRolesInTransition(context.Context) ([]crowbar.NodeRole, error) {
+	return nil, nil
+}
+func (f *fakeNodeRoles) PrepareNodeRoleRun(context.Context, int64, int) (*contract.NodeRoleRunPlan, error) {
+	return nil, nil
+}
+func (f *fakeNodeRoles) FinishNodeRoleRun(context.Context, int64, int, bool, string) (*crowbar.NodeRole, error) {
+	return nil, nil
+}
+func (f *fakeNodeRoles) BootstrapNode(context.Context, int64) (*contract.BootstrapResult, error) {
+	f.calls++
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &contract.BootstrapResult{Node: "n1.anneal.test", Flag: models.FlagDiscovery}, nil
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+func pendingRun() models.TaskRun {
+	return models.TaskRun{ID: 7, NodeName: "n1.anneal.test", TaskName: "setup", State: contract.RunPending}
+}
+
+func appErrType(t *testing.T, err error) string {
+	t.Helper()
+	var appErr *temporal.ApplicationError
+	require.ErrorAs(t, err, &appErr, "want an application error, got %v", err)
+	return appErr.Type()
+}
+
+// A node busy for longer than the activity waits fails RunTaskOnNode with
+// NodeBusy, not retried by the activity (the workflow waits instead), and
+// nothing is dispatched.
+func TestRunTaskOnNodeNodeBusy(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	runs := newFakeRuns(pendingRun())
+	runs.busy = "noderole db-server is in transition"
+	env.RegisterActivity(&activities.Activities{Runs: runs, Log: quiet, NodeBusyWait: 50 * time.Millisecond})
+	_, err := env.ExecuteActivity(contract.RunTaskOnNodeActivity, contract.RunTaskInput{RunID: 7, Task: "setup", Node: "n1.anneal.test"})
+	require.Error(t, err)
+	assert.Equal(t, contract.ErrTypeNodeBusy, appErrType(t, err))
+	assert.Contains(t, err.Error(), "noderole db-server is in transition")
+	assert.Zero(t, runs.dispatches)
+}
+
+// runTaskWorkflow runs one task on its node with retries, as a node
+// workflow does, and returns its outcome.
+func runTaskWorkflow(ctx workflow.Context, in contract.RunTaskInput) (*contract.RunOutcome, error) {
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: time.Minute,
+		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 3},
+	})
+	var out contract.RunOutcome
+	err := workflow.ExecuteActivity(ctx, contract.RunTaskOnNodeActivity, in).Get(ctx, &out)
+	return &out, err
+}
+
+// envCompleter completes activities of the test environment the way the
+// API completes them with its Temporal client.
+type envCompleter struct {
+	env *testsuite.TestWorkflowEnvironment
+}
+
+func (c envCompleter) CompleteActivity(_ context.Context, token []byte, result any, err error) error {
+	return c.env.CompleteActivity(token, result, err)
+}
+
+// RunTaskOnNode completes asynchronously: the activity returns pending
+// once the run is dispatched, and the agent's report, arriving later,
+// completes it through contract.CompleteRunOnNode, as the API does.
+func TestRunTaskOnNodeCompletesWhenTheAgentReports(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		exit int
+	}{{"success", 0}, {"failure", 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ts testsuite.WorkflowTestSuite
+			env := ts.NewTestWorkflowEnvironment()
+			runs := newFakeRuns(pendingRun())
+			env.RegisterActivity(&activities.Activities{Runs: runs, Log: quiet})
+			env.RegisterWorkflow(runTaskWorkflow)
+			// The agent reports a minute later.
+			env.RegisterDelayedCallback(func() {
+				runs.report(7, tc.exit)
+				require.NotNil(t, runs.lastToken(), "the run was dispatched with the activity's task token")
+				require.NoError(t, contract.CompleteRunOnNode(context.Background(), envCompleter{env}, runs.lastToken(),
+					tc.exit == 0, tc.exit, "task setup failed on n1.anneal.test with exit code 3"))
+			}, time.Minute)
+			env.ExecuteWorkflow(runTaskWorkflow, contract.RunTaskInput{RunID: 7, Task: "setup", Node: "n1.anneal.test"})
+			require.True(t, env.IsWorkflowCompleted())
+			err := env.GetWorkflowError()
+			if tc.exit == 0 {
+				require.NoError(t, err)
+				var out contract.RunOutcome
+				require.NoError(t, env.GetWorkflowResult(&out))
+				assert.Equal(t, 0, out.ExitCode)
+				assert.Equal(t, 1, runs.dispatches, "dispatched once")
+				return
+			}
+			require.Error(t, err)
+			assert.Equal(t, contract.ErrTypeTaskFailed, appErrType(t, err))
+			var appErr *temporal.ApplicationError
+			require.ErrorAs(t, err, &appErr)
+			var out contract.RunOutcome
+			require.NoError(t, appErr.Details(&out))
+			assert.Equal(t, 3, out.ExitCode)
+			assert.Contains(t, err.Error(), "exit code 3")
+		})
+	}
+}
+
+// An attempt of RunTaskOnNode that comes after the agent already reported
+// success (the activity timed out in between, say) returns the outcome and
+// does not dispatch the run again.
+func TestRetriedRunTaskOnNodeDoesNotRunTwice(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	runs := newFakeRuns(pendingRun())
+	env.RegisterActivity(&activities.Activities{Runs: runs, Log: quiet})
+	in := contract.RunTaskInput{RunID: 7, Task: "setup", Node: "n1.anneal.test"}
+
+	_, err := env.ExecuteActivity(contract.RunTaskOnNodeActivity, in)
+	require.ErrorIs(t, err, activity.ErrResultPending, "the first attempt dispatches and waits for the agent")
+	require.Equal(t, 1, runs.dispatches)
+
+	runs.report(7, 0)
+	val, err := env.ExecuteActivity(contract.RunTaskOnNodeActivity, in)
+	require.NoError(t, err)
+	var out contract.RunOutcome
+	require.NoError(t, val.Get(&out))
+	assert.Equal(t, 0, out.ExitCode)
+	assert.Equal(t, 1, runs.dispatches, "the retry found the run succeeded and dispatched nothing")
+}
+
+// A transaction whose row never appears (its creation rolled back) fails
+// the activity for good after a few attempts, instead of retrying forever.
+func TestMissingTransactionFailsAfterAFewAttempts(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestWorkflowEnvironment()
+	plans := &fakePlans{err: models.NotFound("transaction", "T")}
+	env.RegisterActivity(&activities.Activities{Plans: plans, Log: quiet})
+	wf := func(ctx workflow.Context, ref contract.GraphRef) error {
+		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+			StartToCloseTimeout: time.Minute,
+			RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumInterval: time.Millisecond},
+		})
+		return workflow.ExecuteActivity(ctx, contract.PlanGraphActivity, ref).Get(ctx, nil)
+	}
+	env.RegisterWorkflow(wf)
+	env.ExecuteWorkflow(wf, contract.GraphRef{TransactionID: uuid.NewString()})
+	err := env.GetWorkflowError()
+	require.Error(t, err)
+	assert.Equal(t, contract.ErrTypeBadInput, appErrType(t, err))
+	assert.Contains(t, err.Error(), "its creation was rolled back")
+	assert.Equal(t, 6, plans.calls, "retried until the sixth attempt, then final")
+}
+
+// A malformed transaction id is final at once; so is a graph that cannot
+// be planned.
+func TestPlanGraphFinalErrors(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	env.RegisterActivity(&activities.Activities{Plans: &fakePlans{err: &fuel.PlanError{Reason: "cycle: a -> b -> a"}}, Log: quiet})
+	_, err := env.ExecuteActivity(contract.PlanGraphActivity, contract.GraphRef{TransactionID: "not-a-uuid"})
+	assert.Equal(t, contract.ErrTypeBadInput, appErrType(t, err))
+	_, err = env.ExecuteActivity(contract.PlanGraphActivity, contract.GraphRef{TransactionID: uuid.NewString()})
+	assert.Equal(t, contract.ErrTypePlan, appErrType(t, err))
+	assert.Contains(t, err.Error(), "cycle: a -> b -> a")
+}
+
+// A bootstrap the release makes impossible (a bad binding, a conflict) is
+// final; a database error is retried; success wakes the annealer.
+func TestBootstrapNodeErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		err       error
+		wantType  string
+		retryable bool
+	}{
+		{"input", models.Invalid("role", "discovery role x requires y, which is nowhere"), contract.ErrTypeBadInput, false},
+		{"conflict", &models.ConflictError{Reason: "system is being committed"}, contract.ErrTypeBadInput, false},
+		{"database", errors.New("connection refused"), "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ts testsuite.WorkflowTestSuite
+			env := ts.NewTestActivityEnvironment()
+			roles := &fakeNodeRoles{err: tc.err}
+			env.RegisterActivity(&activities.Activities{NodeRoles: roles, Log: quiet})
+			_, err := env.ExecuteActivity(contract.BootstrapNodeActivity, contract.NodeBootstrapInput{NodeID: 1, Node: "n1.anneal.test"})
+			require.Error(t, err)
+			var appErr *temporal.ApplicationError
+			require.ErrorAs(t, err, &appErr)
+			assert.Equal(t, tc.retryable, !appErr.NonRetryable(), "retryable")
+			if tc.wantType != "" {
+				assert.Equal(t, tc.wantType, appErr.Type())
+			}
+			assert.Contains(t, err.Error(), tc.err.Error())
+		})
+	}
+	t.Run("success kicks the annealer", func(t *testing.T) {
+		var ts testsuite.WorkflowTestSuite
+		env := ts.NewTestActivityEnvironment()
+		tc := &mocks.Client{}
+		tc.On("SignalWithStartWorkflow", mock.Anything, contract.AnnealerWorkflowID("q"), contract.SignalAnnealerKick,
+			"node n1.anneal.test bootstrapped", mock.Anything, contract.AnnealerWorkflow, contract.AnnealerInput{}).Return(nil, nil).Once()
+		env.RegisterActivity(&activities.Activities{NodeRoles: &fakeNodeRoles{}, Temporal: tc, TaskQueue: "q", Log: quiet})
+		val, err := env.ExecuteActivity(contract.BootstrapNodeActivity, contract.NodeBootstrapInput{NodeID: 1, Node: "n1.anneal.test"})
+		require.NoError(t, err)
+		var res contract.BootstrapResult
+		require.NoError(t, val.Get(&res))
+		assert.Equal(t, "n1.anneal.test", res.Node)
+		tc.AssertExpectations(t)
+	})
+}
