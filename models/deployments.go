@@ -14,6 +14,17 @@ func FindDeployment(tx *gorm.DB, ref string) (*Deployment, error) {
 	return TakeRef[Deployment](ByRef(tx, ref), "deployment", ref)
 }
 
+// DeploymentInField finds the deployment an input field names by id or
+// name; an unknown one is an InputError naming the field, so the caller
+// answers 422 rather than 404 (the request itself was wrong).
+func DeploymentInField(tx *gorm.DB, field, ref string) (*Deployment, error) {
+	dep, err := FindDeployment(tx, ref)
+	if errors.Is(err, ErrNotFound) {
+		return nil, Invalid(field, "no deployment named or numbered %q", ref)
+	}
+	return dep, err
+}
+
 // Deployment finds a deployment by id or name.
 func (s *Store) Deployment(ctx context.Context, ref string) (*Deployment, error) {
 	return FindDeployment(s.DB.WithContext(ctx), ref)
@@ -49,10 +60,7 @@ func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Depl
 		if parentRef == "" {
 			parentRef = SystemDeployment
 		}
-		parent, err := FindDeployment(tx, parentRef)
-		if errors.Is(err, ErrNotFound) {
-			return Invalid("parent", "no deployment named or numbered %q", parentRef)
-		}
+		parent, err := DeploymentInField(tx, "parent", parentRef)
 		if err != nil {
 			return err
 		}

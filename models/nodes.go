@@ -2,7 +2,6 @@ package models
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -68,10 +67,7 @@ func (s *Store) CreateNodeThen(ctx context.Context, in NodeInput, withCredential
 		if ref == "" {
 			ref = SystemDeployment
 		}
-		dep, err := FindDeployment(tx, ref)
-		if errors.Is(err, ErrNotFound) {
-			return Invalid("deployment", "no deployment named or numbered %q", ref)
-		}
+		dep, err := DeploymentInField(tx, "deployment", ref)
 		if err != nil {
 			return err
 		}
@@ -180,10 +176,7 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 		}
 		dep, newRoles := oldDep, oldRoles
 		if up.Deployment != nil {
-			dep, err = FindDeployment(tx, *up.Deployment)
-			if errors.Is(err, ErrNotFound) {
-				return Invalid("deployment", "no deployment named or numbered %q", *up.Deployment)
-			}
+			dep, err = DeploymentInField(tx, "deployment", *up.Deployment)
 			if err != nil {
 				return err
 			}

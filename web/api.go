@@ -182,28 +182,29 @@ func (s *Server) getRelease(c echo.Context) error {
 	return c.JSON(http.StatusOK, rel)
 }
 
-// ref is a deployment given by name or by numeric id.
-type ref string
+// idOrName is a node or deployment given by name or by numeric id.
+type idOrName string
 
-// UnmarshalJSON accepts a string or a number.
-func (r *ref) UnmarshalJSON(b []byte) error {
+// UnmarshalJSON accepts a string or an integer; the JSON decoder names the
+// field in the error.
+func (r *idOrName) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err == nil {
-		*r = ref(s)
+		*r = idOrName(s)
 		return nil
 	}
 	var n json.Number
 	if err := json.Unmarshal(b, &n); err == nil {
 		if _, err := strconv.ParseInt(string(n), 10, 64); err == nil {
-			*r = ref(n)
+			*r = idOrName(n)
 			return nil
 		}
 	}
-	return &json.UnmarshalTypeError{Value: string(b), Type: reflect.TypeOf(""), Field: "deployment"}
+	return &json.UnmarshalTypeError{Value: string(b), Type: reflect.TypeOf("")}
 }
 
 type executeRequest struct {
-	Deployment       ref                 `json:"deployment"`
+	Deployment       idOrName            `json:"deployment"`
 	Graphs           []fuel.GraphRequest `json:"graphs"`
 	DryRun           bool                `json:"dry_run"`
 	Force            bool                `json:"force"`
@@ -212,7 +213,7 @@ type executeRequest struct {
 
 	// The flags of `fuel2 graph execute`, mapped onto graphs: --env
 	// (cluster), --graph-types, --nodes, --task-names.
-	Cluster    ref      `json:"cluster"`
+	Cluster    idOrName `json:"cluster"`
 	GraphTypes []string `json:"graph_types"`
 	Nodes      []int64  `json:"nodes"`
 	TaskNames  []string `json:"task_names"`

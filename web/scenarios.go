@@ -65,11 +65,11 @@ func (s *Server) deleteScenario(c echo.Context) error {
 }
 
 type executeScenarioRequest struct {
-	Deployment       ref  `json:"deployment"`
-	DryRun           bool `json:"dry_run"`
-	Force            bool `json:"force"`
-	MaxNodesInFlight int  `json:"max_nodes_in_flight"`
-	FailureThreshold *int `json:"failure_threshold"`
+	Deployment       idOrName `json:"deployment"`
+	DryRun           bool     `json:"dry_run"`
+	Force            bool     `json:"force"`
+	MaxNodesInFlight int      `json:"max_nodes_in_flight"`
+	FailureThreshold *int     `json:"failure_threshold"`
 }
 
 // executeScenarioHandler is POST /scenarios/:name/execute {"deployment",

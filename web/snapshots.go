@@ -136,8 +136,8 @@ func (s *Server) deployChanges(ctx context.Context, deploymentID int64) map[stri
 }
 
 type bindRoleRequest struct {
-	Node ref `json:"node"`
-	Role ref `json:"role"`
+	Node idOrName `json:"node"`
+	Role idOrName `json:"role"`
 }
 
 // bindRole is add_to_node_in_snapshot: 201 with a new noderole, 200 with

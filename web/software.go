@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 
@@ -47,26 +46,6 @@ func softwareIDParam(c echo.Context, what string) (int64, error) {
 		return 0, &models.InputError{Status: http.StatusBadRequest, Field: "id", Reason: fmt.Sprintf("%q is not a %s id", c.Param("id"), what)}
 	}
 	return id, nil
-}
-
-// idOrName is a node or deployment given by name or by numeric id.
-type idOrName string
-
-// UnmarshalJSON accepts a string or an integer.
-func (r *idOrName) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err == nil {
-		*r = idOrName(s)
-		return nil
-	}
-	var n json.Number
-	if err := json.Unmarshal(b, &n); err == nil {
-		if _, err := strconv.ParseInt(string(n), 10, 64); err == nil {
-			*r = idOrName(n)
-			return nil
-		}
-	}
-	return &json.UnmarshalTypeError{Value: string(b), Type: reflect.TypeOf("")}
 }
 
 func (s *Server) createSoftwareConfig(c echo.Context) error {

@@ -42,8 +42,8 @@ func (s *Server) listTags(c echo.Context) error {
 
 type createTagRequest struct {
 	Name       string         `json:"name"`
-	Release    ref            `json:"release"`
-	Deployment ref            `json:"deployment"`
+	Release    idOrName       `json:"release"`
+	Deployment idOrName       `json:"deployment"`
 	HasPrimary bool           `json:"has_primary"`
 	Metadata   map[string]any `json:"metadata"`
 }

@@ -208,10 +208,7 @@ func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deplo
 		if ref == "" {
 			ref = models.SystemDeployment
 		}
-		dep, err := models.FindDeployment(tx, ref)
-		if errors.Is(err, models.ErrNotFound) {
-			return models.Invalid("deployment", "no deployment named or numbered %q", ref)
-		}
+		dep, err := models.DeploymentInField(tx, "deployment", ref)
 		if err != nil {
 			return err
 		}

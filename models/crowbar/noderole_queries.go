@@ -57,10 +57,7 @@ func (s *Store) NodeRoles(ctx context.Context, f NodeRoleFilter) ([]NodeRole, er
 		var dep *models.Deployment
 		if f.Deployment != "" {
 			var err error
-			dep, err = models.FindDeployment(tx, f.Deployment)
-			if errors.Is(err, models.ErrNotFound) {
-				return models.Invalid("deployment", "no deployment named or numbered %q", f.Deployment)
-			}
+			dep, err = models.DeploymentInField(tx, "deployment", f.Deployment)
 			if err != nil {
 				return err
 			}

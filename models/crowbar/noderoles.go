@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/attrs"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -328,7 +329,7 @@ func (b *binder) add(role *models.Role, path []string) (*NodeRole, bool, error) 
 	// 5: the new noderole, proposed, with its edges.
 	nr := &NodeRole{
 		SnapshotID: b.snap.ID, NodeID: b.node.ID, RoleID: role.ID, State: contract.NodeRoleProposed,
-		UserData: deepCopyMap(dr.Data), SystemData: map[string]any{}, Wall: map[string]any{},
+		UserData: attrs.Clone(dr.Data), SystemData: map[string]any{}, Wall: map[string]any{},
 	}
 	if err := tx.Create(nr).Error; err != nil {
 		return nil, false, fmt.Errorf("bind role %s to node %s: %w", role.Name, b.node.Name,
@@ -388,7 +389,7 @@ func pgArray(ids []int64) string {
 // ensureDeploymentRole returns the deployment's role defaults, creating
 // them from the role's template the first time.
 func ensureDeploymentRole(tx *gorm.DB, deploymentID int64, role *models.Role) (*DeploymentRole, error) {
-	dr := &DeploymentRole{DeploymentID: deploymentID, RoleID: role.ID, Data: deepCopyMap(role.Template)}
+	dr := &DeploymentRole{DeploymentID: deploymentID, RoleID: role.ID, Data: attrs.Clone(role.Template)}
 	if err := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(dr).Error; err != nil {
 		return nil, fmt.Errorf("create deployment role %s: %w", role.Name, err)
 	}
@@ -405,29 +406,6 @@ func ensureDeploymentRole(tx *gorm.DB, deploymentID int64, role *models.Role) (*
 // jsonb is a JSON object as an SQL expression, for map updates (which do
 // not go through the fields' serializer).
 func jsonb(v map[string]any) clause.Expr { return jsonValue(v) }
-
-// deepCopyMap copies a JSON object, so that seeded blobs share nothing.
-func deepCopyMap(m map[string]any) map[string]any {
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		out[k] = deepCopyValue(v)
-	}
-	return out
-}
-
-func deepCopyValue(v any) any {
-	switch x := v.(type) {
-	case map[string]any:
-		return deepCopyMap(x)
-	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			out[i] = deepCopyValue(e)
-		}
-		return out
-	}
-	return v
-}
 
 // decorateNodeRoles fills the node and role names and the edges.
 func decorateNodeRoles(db *gorm.DB, nrs []NodeRole) error {

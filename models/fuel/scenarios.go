@@ -513,10 +513,7 @@ func (s *Store) PrepareScenario(ctx context.Context, name string, in ScenarioExe
 	if err != nil {
 		return nil, err
 	}
-	dep, err := s.Deployment(ctx, in.Deployment)
-	if errors.Is(err, models.ErrNotFound) {
-		return nil, models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
-	}
+	dep, err := models.DeploymentInField(s.DB.WithContext(ctx), "deployment", in.Deployment)
 	if err != nil {
 		return nil, err
 	}

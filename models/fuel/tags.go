@@ -324,10 +324,7 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 				return fmt.Errorf("check tag name: %w", err)
 			}
 		} else {
-			dep, err := models.FindDeployment(tx, in.Deployment)
-			if errors.Is(err, models.ErrNotFound) {
-				return models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
-			}
+			dep, err := models.DeploymentInField(tx, "deployment", in.Deployment)
 			if err != nil {
 				return err
 			}

@@ -87,7 +87,7 @@ func TestMigrationBackfillsReleaseTags(t *testing.T) {
 	f := storetest.NewFixture(t)
 	before := tagsByName(t, f, fuel.TagScope{Release: "openstack@1.0"})
 	require.NoError(t, f.Store.DB.Exec("DELETE FROM tags").Error)
-	sql, err := os.ReadFile("migrations/0002_tags.sql")
+	sql, err := os.ReadFile("../migrations/0002_tags.sql")
 	require.NoError(t, err)
 	_, backfill, ok := strings.Cut(string(sql), "-- Releases imported before")
 	require.True(t, ok)

@@ -41,10 +41,7 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 	}
 	var txn *Transaction
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		dep, err := models.FindDeployment(tx, in.Deployment)
-		if errors.Is(err, models.ErrNotFound) {
-			return models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
-		}
+		dep, err := models.DeploymentInField(tx, "deployment", in.Deployment)
 		if err != nil {
 			return err
 		}

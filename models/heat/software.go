@@ -190,10 +190,7 @@ func (s *Store) CreateSoftwareConfig(ctx context.Context, in SoftwareConfigInput
 	cfg := &SoftwareConfig{Name: in.Name, Group: in.Group, Config: in.Config, Inputs: inputs, Outputs: outputs, Options: in.Options}
 	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if in.Deployment != "" {
-			dep, err := models.FindDeployment(tx, in.Deployment)
-			if errors.Is(err, models.ErrNotFound) {
-				return models.Invalid("deployment", "no deployment named or numbered %q", in.Deployment)
-			}
+			dep, err := models.DeploymentInField(tx, "deployment", in.Deployment)
 			if err != nil {
 				return err
 			}
@@ -488,10 +485,7 @@ func (s *Store) softwareOrigin(tx *gorm.DB, ref string, cfg *SoftwareConfig, nod
 		origin = *cfg.DeploymentID
 	}
 	if ref != "" {
-		dep, err := models.FindDeployment(tx, ref)
-		if errors.Is(err, models.ErrNotFound) {
-			return 0, models.Invalid("deployment", "no deployment named or numbered %q", ref)
-		}
+		dep, err := models.DeploymentInField(tx, "deployment", ref)
 		if err != nil {
 			return 0, err
 		}
