@@ -3,6 +3,7 @@ package models_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
@@ -205,7 +206,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	txn, _ := f.plan(t)
 	setup := f.runsByLabel(t, txn)["setup@"+ctlName]
 
-	empty, err := f.store.ClaimWork(f.ctx, f.ctl.ID)
+	empty, err := f.store.ClaimWork(f.ctx, f.ctl.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, empty, "pending runs are not handed out")
 
@@ -213,7 +214,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, setup.ID, run.ID)
 
-	claimed, err := f.store.ClaimWork(f.ctx, f.ctl.ID)
+	claimed, err := f.store.ClaimWork(f.ctx, f.ctl.ID, time.Minute)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.Equal(t, setup.ID, claimed[0].ID)
@@ -223,17 +224,17 @@ func TestDispatchAndClaim(t *testing.T) {
 	assert.Equal(t, []byte("token-1"), claimed[0].TaskToken)
 	assert.NotNil(t, claimed[0].ClaimedAt)
 
-	again, err := f.store.ClaimWork(f.ctx, f.ctl.ID)
+	again, err := f.store.ClaimWork(f.ctx, f.ctl.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, again, "a run is handed out once per attempt")
-	other, err := f.store.ClaimWork(f.ctx, f.cmp.ID)
+	other, err := f.store.ClaimWork(f.ctx, f.cmp.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, other, "another node's run is not its work")
 
 	// A retried activity dispatches a new attempt: the agent gets it again.
 	_, err = f.store.DispatchRun(f.ctx, setup.ID, []byte("token-2"))
 	require.NoError(t, err)
-	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID)
+	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID, time.Minute)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.Equal(t, 2, claimed[0].Attempt)
@@ -246,7 +247,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, models.RunSucceeded, run.State)
 	assert.Equal(t, 2, run.Attempt)
-	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID)
+	claimed, err = f.store.ClaimWork(f.ctx, f.ctl.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, claimed)
 
@@ -278,7 +279,7 @@ func TestRecordRunResult(t *testing.T) {
 	requireConflict(t, err)
 	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID+1000, ok)
 	assert.ErrorIs(t, err, models.ErrNotFound)
-	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, db.ID, protocol.RunResult{})
+	_, err = f.store.RecordRunResult(f.ctx, f.ctl.ID, db.ID, protocol.RunResult{Attempt: 1})
 	requireConflict(t, err) // pending, not running
 
 	rec, err := f.store.RecordRunResult(f.ctx, f.ctl.ID, setup.ID, ok)
