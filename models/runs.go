@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -504,17 +505,14 @@ RETURNING *`, lease.Seconds(), nodeID, RunRunning).Scan(&runs).Error
 // will be offered again, or the zero time if none waits: a long poll wakes
 // then instead of waiting for a notification that will not come.
 func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) {
-	var next *time.Time
+	var next sql.NullTime
 	err := s.DB.WithContext(ctx).Raw(`
 SELECT min(lease_until) FROM task_runs
-WHERE node_id = ? AND state = ? AND acked_at IS NULL AND lease_until IS NOT NULL`, nodeID, RunRunning).Scan(&next).Error
+WHERE node_id = ? AND state = ? AND acked_at IS NULL AND lease_until IS NOT NULL`, nodeID, RunRunning).Row().Scan(&next)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("next offer of node %d: %w", nodeID, err)
 	}
-	if next == nil {
-		return time.Time{}, nil
-	}
-	return *next, nil
+	return next.Time, nil
 }
 
 // AckRun records that a node's agent took delivery of attempt of a run (0:
