@@ -49,8 +49,8 @@ type fakeAPI struct {
 	runHBStatus      map[int64]int // answer run heartbeats with this status
 	results          map[int64][]protocol.RunResult
 	resultPosts      map[int64]int
-	resultFailures   map[int64]int // answer 503 to this many result posts first
-	resultStatus     map[int64]int // answer result posts with this status
+	resultFailures   map[int64]int   // answer 503 to this many result posts first
+	resultStatus     map[int64]int   // answer result posts with this status
 	acks             map[int64][]int // attempts acknowledged per run
 	ackStatus        map[int64]int   // answer acks with this status
 	software         []protocol.SoftwareDeployment
