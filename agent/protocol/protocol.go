@@ -267,27 +267,28 @@ func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 		}
 		return t, nil
 	}
+	// Status codes and rounds are stored in 32 bits: a larger number is
+	// refused here, as bad input, rather than by the database.
 	num := func(k string) (int, error) {
 		v, ok := m[k]
 		delete(m, k)
 		if !ok || v == nil {
 			return 0, nil
 		}
+		var text string
 		switch t := v.(type) {
 		case json.Number:
-			n, err := strconv.Atoi(t.String())
-			if err != nil {
-				return 0, fmt.Errorf("%s must be an integer", k)
-			}
-			return n, nil
+			text = t.String()
 		case string: // shell hooks often send "0"
-			n, err := strconv.Atoi(strings.TrimSpace(t))
-			if err != nil {
-				return 0, fmt.Errorf("%s must be an integer", k)
-			}
-			return n, nil
+			text = strings.TrimSpace(t)
+		default:
+			return 0, fmt.Errorf("%s must be an integer", k)
 		}
-		return 0, fmt.Errorf("%s must be an integer", k)
+		n, err := strconv.ParseInt(text, 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("%s must be an integer of 32 bits, not %s", k, text)
+		}
+		return int(n), nil
 	}
 	var err error
 	if s.Stdout, err = str(SignalStdout); err != nil {
