@@ -129,6 +129,12 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	status, raw = call(protocol.PathRunAck, run.ID, token, map[string]any{})
 	assert.Equal(t, http.StatusBadRequest, status, raw)
 	assert.Contains(t, raw, `"field":"attempt"`)
+	status, raw = call(protocol.PathRunHeartbeat, run.ID, token, map[string]any{"attempt": 2})
+	assert.Equal(t, http.StatusConflict, status, "a heartbeat of a stale attempt: %s", raw)
+	var hb protocol.RunHeartbeatResponse
+	status, rawb := testenv.Call(t, http.MethodPost, st.URL+fmt.Sprintf(protocol.PathRunHeartbeat, run.ID), token, map[string]any{"attempt": 1}, &hb)
+	assert.Equal(t, http.StatusOK, status, "%s", rawb)
+	assert.True(t, hb.Cancel, "a finished run's heartbeat says cancel")
 	status, raw = call(protocol.PathRunResult, run.ID+100000, token, map[string]any{"attempt": 1})
 	assert.Equal(t, http.StatusNotFound, status, raw)
 	status, raw = call(protocol.PathRunResult, run.ID, token, map[string]any{"attempt": 1, "exit_code": 9})

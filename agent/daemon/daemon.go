@@ -44,7 +44,7 @@ type Executor interface {
 // is true when the API wants it abandoned), Report when it has finished.
 type Reporter interface {
 	Report(ctx context.Context, runID int64, res protocol.RunResult) error
-	RunHeartbeat(ctx context.Context, runID int64) (cancel bool, err error)
+	RunHeartbeat(ctx context.Context, runID int64, attempt int) (cancel bool, err error)
 }
 
 // Acker is implemented by a Reporter that can acknowledge a run before it
@@ -489,7 +489,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	hbDone := make(chan struct{})
 	go func() {
 		defer close(hbDone)
-		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, log)
+		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, item.Attempt, log)
 	}()
 	res := a.exec.Execute(runCtx, item)
 	cancelRun(errors.New("run finished"))
@@ -614,7 +614,7 @@ func failedResult(item protocol.WorkItem, reason string) protocol.RunResult {
 	return protocol.RunResult{Attempt: item.Attempt, ExitCode: -1, Error: reason, StartedAt: now, FinishedAt: now}
 }
 
-func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, log *slog.Logger) {
+func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, attempt int, log *slog.Logger) {
 	t := time.NewTicker(a.cfg.RunHeartbeatEvery)
 	defer t.Stop()
 	for {
@@ -623,7 +623,7 @@ func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCa
 			return
 		case <-t.C:
 		}
-		cancel, err := a.rep.RunHeartbeat(ctx, runID)
+		cancel, err := a.rep.RunHeartbeat(ctx, runID, attempt)
 		switch st := statusOf(err); {
 		case err == nil && cancel:
 			log.Info("the API asked to cancel the run")

@@ -45,8 +45,9 @@ type fakeAPI struct {
 	queue            []protocol.WorkItem
 	notify           chan struct{}
 	runHeartbeats    map[int64]int
-	cancelAfter      map[int64]int // answer cancel from the Nth run heartbeat
-	runHBStatus      map[int64]int // answer run heartbeats with this status
+	hbAttempts       map[int64][]int // attempts named by run heartbeats
+	cancelAfter      map[int64]int   // answer cancel from the Nth run heartbeat
+	runHBStatus      map[int64]int   // answer run heartbeats with this status
 	results          map[int64][]protocol.RunResult
 	resultPosts      map[int64]int
 	resultFailures   map[int64]int   // answer 503 to this many result posts first
@@ -64,6 +65,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		tokens:         map[string]bool{},
 		notify:         make(chan struct{}, 1),
 		runHeartbeats:  map[int64]int{},
+		hbAttempts:     map[int64][]int{},
 		cancelAfter:    map[int64]int{},
 		runHBStatus:    map[int64]int{},
 		results:        map[int64][]protocol.RunResult{},
@@ -204,8 +206,11 @@ func (f *fakeAPI) runHeartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := runID(r)
+	var req protocol.RunHeartbeatRequest
+	_ = json.NewDecoder(r.Body).Decode(&req)
 	f.mu.Lock()
 	f.runHeartbeats[id]++
+	f.hbAttempts[id] = append(f.hbAttempts[id], req.Attempt)
 	n, after, status := f.runHeartbeats[id], f.cancelAfter[id], f.runHBStatus[id]
 	f.mu.Unlock()
 	if status != 0 {
@@ -499,13 +504,18 @@ func TestRunHeartbeatsAndCancel(t *testing.T) {
 	start(t, testConfig(t, f, t.TempDir()))
 
 	began := time.Now()
-	f.push(work(10, 1, `sleep 30`), work(11, 1, `echo next`))
+	f.push(work(10, 4, `sleep 30`), work(11, 1, `echo next`))
 	r := f.waitResults(t, 10, 1)[0]
 	assert.Less(t, time.Since(began), 8*time.Second)
 	assert.Equal(t, -1, r.ExitCode)
 	assert.Equal(t, "cancelled: the API asked to cancel the run", r.Error)
-	assert.Equal(t, 1, r.Attempt)
+	assert.Equal(t, 4, r.Attempt)
 	assert.GreaterOrEqual(t, f.count(f.runHeartbeats, 10), 3)
+	f.mu.Lock()
+	for _, a := range f.hbAttempts[10] {
+		assert.Equal(t, 4, a, "run heartbeats name their attempt")
+	}
+	f.mu.Unlock()
 
 	// The agent goes on with the next run.
 	assert.Equal(t, "next\n", f.waitResults(t, 11, 1)[0].StdoutTail)

@@ -144,11 +144,13 @@ func (t *HTTPTransport) Ack(ctx context.Context, runID int64, attempt int) (bool
 	return resp.Cancel, err
 }
 
-// RunHeartbeat tells the API the run is still executing; cancel is true when
-// the API wants it abandoned.
-func (t *HTTPTransport) RunHeartbeat(ctx context.Context, runID int64) (bool, error) {
+// RunHeartbeat tells the API the attempt of the run is still executing;
+// cancel is true when the API wants it abandoned. Another attempt than the
+// run's current one is answered 409.
+func (t *HTTPTransport) RunHeartbeat(ctx context.Context, runID int64, attempt int) (bool, error) {
 	var resp protocol.RunHeartbeatResponse
-	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunHeartbeat, runID), nil, t.Token, t.timeout(), struct{}{}, &resp)
+	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunHeartbeat, runID), nil, t.Token, t.timeout(),
+		protocol.RunHeartbeatRequest{Attempt: attempt}, &resp)
 	return resp.Cancel, err
 }
 
