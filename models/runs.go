@@ -2,11 +2,15 @@ package models
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
@@ -78,8 +82,8 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 		var runs []TaskRun
 		if err := tx.Raw(`
 UPDATE task_runs
-SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, started_at = now(),
-    finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
+SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
+    started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
 WHERE id = ? AND state IN ?
 RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, node_id::text) IS NULL AS notified`,
 			contract.RunRunning, token, runID, dispatchable, WorkChannel).Scan(&runs).Error; err != nil {
@@ -106,18 +110,120 @@ RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_
 	return out, nil
 }
 
-// ClaimWork hands the runs dispatched to a node to its agent, each once per
-// attempt.
-func (s *Store) ClaimWork(ctx context.Context, nodeID int64) ([]TaskRun, error) {
+// DefaultAckLease is how long a run handed to an agent waits for the
+// agent's acknowledgement before it is offered again. It must stay well
+// below the run heartbeat timeout, which fails a run nobody works on.
+const DefaultAckLease = 5 * time.Second
+
+// ClaimWork hands the runs dispatched to a node to its agent. A run counts
+// as delivered only once the agent acknowledges it (AckRun); until then it
+// is offered again each time lease has passed since the last offer, so an
+// answer lost on the way (the server killed between claim and response, a
+// dropped connection) only delays the run. The agent keeps a durable record
+// of the runs it started, so an offer repeated after all never runs a
+// command twice. The lease lives in Postgres: a restarted server offers
+// again what its predecessor handed out unacknowledged.
+func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, error) {
+	if lease <= 0 {
+		lease = DefaultAckLease
+	}
 	var runs []TaskRun
 	err := s.DB.WithContext(ctx).Raw(`
-UPDATE task_runs SET claimed_at = now(), updated_at = now()
-WHERE node_id = ? AND state = ? AND claimed_at IS NULL
-RETURNING *`, nodeID, contract.RunRunning).Scan(&runs).Error
+UPDATE task_runs SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now()
+WHERE node_id = ? AND state = ? AND acked_at IS NULL AND (claimed_at IS NULL OR lease_until <= now())
+RETURNING *`, lease.Seconds(), nodeID, contract.RunRunning).Scan(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim work of node %d: %w", nodeID, err)
 	}
 	return runs, nil
+}
+
+// NextOffer returns when the earliest unacknowledged run handed to a node
+// will be offered again, or the zero time if none waits: a long poll wakes
+// then instead of waiting for a notification that will not come.
+func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) {
+	var next sql.NullTime
+	err := s.DB.WithContext(ctx).Raw(`
+SELECT min(lease_until) FROM task_runs
+WHERE node_id = ? AND state = ? AND acked_at IS NULL AND lease_until IS NOT NULL`, nodeID, contract.RunRunning).Row().Scan(&next)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("next offer of node %d: %w", nodeID, err)
+	}
+	return next.Time, nil
+}
+
+// AckRun records that a node's agent took delivery of attempt of a run (0:
+// whatever attempt is current, for an agent that does not say): it is not
+// offered again. It returns the run as it is now; a run that is no longer
+// running is returned unchanged, and the caller tells the agent. Another
+// attempt than the current one is a *ConflictError: that agent holds a
+// stale offer.
+func (s *Store) AckRun(ctx context.Context, nodeID, runID int64, attempt int) (*TaskRun, error) {
+	if err := checkAttempt(attempt, true); err != nil {
+		return nil, err
+	}
+	db := s.DB.WithContext(ctx)
+	var runs []TaskRun
+	err := db.Raw(`
+UPDATE task_runs SET acked_at = now(), lease_until = NULL, updated_at = now()
+WHERE id = ? AND node_id = ? AND state = ? AND acked_at IS NULL AND (attempt = ? OR ? = 0)
+RETURNING *`, runID, nodeID, contract.RunRunning, attempt, attempt).Scan(&runs).Error
+	if err != nil {
+		return nil, fmt.Errorf("acknowledge run %d: %w", runID, err)
+	}
+	if len(runs) == 1 {
+		return &runs[0], nil
+	}
+	run, err := s.AgentRun(ctx, nodeID, runID)
+	if err != nil {
+		return nil, err
+	}
+	if attempt != 0 && attempt != run.Attempt {
+		return nil, &ConflictError{Reason: fmt.Sprintf("run %d is at attempt %d, not %d", runID, run.Attempt, attempt)}
+	}
+	return run, nil
+}
+
+// checkAttempt refuses an attempt number no run can have: attempts count
+// from 1 and are stored in 32 bits. zeroOK allows 0 for "not given".
+func checkAttempt(attempt int, zeroOK bool) error {
+	if (attempt == 0 && zeroOK) || (attempt >= 1 && attempt <= math.MaxInt32) {
+		return nil
+	}
+	return &InputError{Status: http.StatusBadRequest, Field: "attempt",
+		Reason: fmt.Sprintf("%d is not an attempt number (1 to %d)", attempt, math.MaxInt32)}
+}
+
+// earliestReport bounds the timestamps an agent may report: nothing ran
+// before 1970, and a clock that says so is broken, not early.
+var earliestReport = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// latestReport bounds them from above: the last instant JSON's four-digit
+// years can name (Postgres could hold more, nothing else could).
+var latestReport = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+
+// checkResult range-checks an agent's report before it reaches Postgres, so
+// that a value that does not fit is a 400 naming its field, not a 500.
+func checkResult(res protocol.RunResult) error {
+	if err := checkAttempt(res.Attempt, false); err != nil {
+		return err
+	}
+	if res.ExitCode < math.MinInt32 || res.ExitCode > math.MaxInt32 {
+		return &InputError{Status: http.StatusBadRequest, Field: "exit_code",
+			Reason: fmt.Sprintf("%d does not fit in 32 bits", res.ExitCode)}
+	}
+	for _, ts := range []struct {
+		field string
+		t     time.Time
+	}{{"started_at", res.StartedAt}, {"finished_at", res.FinishedAt}} {
+		if !ts.t.IsZero() && (ts.t.Before(earliestReport) || ts.t.After(latestReport)) {
+			return &InputError{Status: http.StatusBadRequest, Field: ts.field,
+				Reason: fmt.Sprintf("%s is out of range (%d to %d)", ts.t.Format(time.RFC3339), earliestReport.Year(), latestReport.Year())}
+		}
+	}
+	// finished_at before started_at is not refused: the node's clock may
+	// have been stepped back during the run.
+	return nil
 }
 
 // AgentRun loads a run on behalf of a node's agent, refusing another node's.
@@ -147,6 +253,9 @@ type RecordedResult struct {
 // common case is one UPDATE; only a refused or repeated report reads the row
 // to say why.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
+	if err := checkResult(res); err != nil {
+		return nil, err
+	}
 	state := contract.RunSucceeded
 	if !res.Succeeded() {
 		state = contract.RunFailed

@@ -3,6 +3,7 @@ package models_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
@@ -208,7 +209,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	txn, _ := f.Plan(t)
 	setup := f.RunsByLabel(t, txn)["setup@"+storetest.CtlName]
 
-	empty, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
+	empty, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, empty, "pending runs are not handed out")
 
@@ -216,7 +217,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, setup.ID, run.ID)
 
-	claimed, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
+	claimed, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.Equal(t, setup.ID, claimed[0].ID)
@@ -226,17 +227,17 @@ func TestDispatchAndClaim(t *testing.T) {
 	assert.Equal(t, []byte("token-1"), claimed[0].TaskToken)
 	assert.NotNil(t, claimed[0].ClaimedAt)
 
-	again, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
+	again, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, again, "a run is handed out once per attempt")
-	other, err := f.Store.ClaimWork(f.Ctx, f.Cmp.ID)
+	other, err := f.Store.ClaimWork(f.Ctx, f.Cmp.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, other, "another node's run is not its work")
 
 	// A retried activity dispatches a new attempt: the agent gets it again.
 	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-2"))
 	require.NoError(t, err)
-	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
+	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.Equal(t, 2, claimed[0].Attempt)
@@ -249,7 +250,7 @@ func TestDispatchAndClaim(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, contract.RunSucceeded, run.State)
 	assert.Equal(t, 2, run.Attempt)
-	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID)
+	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, claimed)
 
@@ -281,7 +282,7 @@ func TestRecordRunResult(t *testing.T) {
 	storetest.RequireConflict(t, err)
 	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID+1000, ok)
 	assert.ErrorIs(t, err, models.ErrNotFound)
-	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{})
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 1})
 	storetest.RequireConflict(t, err) // pending, not running
 
 	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, ok)

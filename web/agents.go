@@ -1,10 +1,12 @@
 package web
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -82,16 +84,30 @@ func pollWait(c echo.Context) (time.Duration, error) {
 // least every pollRecheck in case a wake-up was lost. It returns whether
 // ready answered before the wait ran out.
 func (s *Server) longPoll(ctx context.Context, nodeID int64, wait time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
+	return s.longPollUntil(ctx, nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
+		ok, err := ready(ctx)
+		return ok, time.Time{}, err
+	})
+}
+
+// longPollUntil is longPoll whose ready also says when to look again even
+// without a notification (zero: no such time), e.g. when a lease runs out.
+func (s *Server) longPollUntil(ctx context.Context, nodeID int64, wait time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
 		woken, cancel := s.hub.wait(nodeID)
-		ok, err := ready(ctx)
+		ok, wakeAt, err := ready(ctx)
 		if err != nil || ok || wait == 0 {
 			cancel()
 			return ok, err
 		}
-		recheck := time.NewTimer(pollRecheck)
+		again := pollRecheck
+		if !wakeAt.IsZero() {
+			// A little after the time, so that the database sees it passed.
+			again = min(again, max(time.Until(wakeAt)+10*time.Millisecond, 10*time.Millisecond))
+		}
+		recheck := time.NewTimer(again)
 		expired := false
 		select {
 		case <-woken:
@@ -113,6 +129,8 @@ func (s *Server) longPoll(ctx context.Context, nodeID int64, wait time.Duration,
 
 // agentWork hands the agent the runs dispatched to its node, waiting up to
 // ?wait= for some to arrive; a NOTIFY from the dispatching activity wakes it.
+// A run it hands out is offered again after the ack lease unless the agent
+// acknowledges it (agentRunAck, or its first run heartbeat or result).
 func (s *Server) agentWork(c echo.Context) error {
 	nodeID := principal(c).NodeID
 	wait, err := pollWait(c)
@@ -120,10 +138,16 @@ func (s *Server) agentWork(c echo.Context) error {
 		return err
 	}
 	var runs []models.TaskRun
-	_, err = s.longPoll(c.Request().Context(), nodeID, wait, func(ctx context.Context) (bool, error) {
+	_, err = s.longPollUntil(c.Request().Context(), nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
 		var err error
-		runs, err = s.cfg.Store.ClaimWork(ctx, nodeID)
-		return len(runs) > 0, err
+		runs, err = s.cfg.Store.ClaimWork(ctx, nodeID, s.ackLease())
+		if err != nil || len(runs) > 0 {
+			return len(runs) > 0, time.Time{}, err
+		}
+		// A run handed out but not acknowledged is offered again when its
+		// lease runs out; no notification announces that.
+		next, err := s.cfg.Store.NextOffer(ctx, nodeID)
+		return false, next, err
 	})
 	if err != nil {
 		return err
@@ -222,32 +246,98 @@ func runIDParam(c echo.Context) (int64, error) {
 	return id, nil
 }
 
+// ackLease is how long a run handed to an agent waits for its
+// acknowledgement before it is offered again.
+func (s *Server) ackLease() time.Duration {
+	if s.cfg.AckLease > 0 {
+		return s.cfg.AckLease
+	}
+	return models.DefaultAckLease
+}
+
+// agentRunAck is the agent taking delivery of a run: it has recorded the
+// run durably and is about to execute it, so the run is not offered again.
+// It also counts as the run's first heartbeat. A repeated ack is harmless;
+// another attempt, or a run that is no longer running, is a 409 and the
+// agent must not execute it.
+func (s *Server) agentRunAck(c echo.Context) error {
+	runID, err := runIDParam(c)
+	if err != nil {
+		return err
+	}
+	var req protocol.RunAck
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	if req.Attempt == 0 {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "attempt", Reason: "required: the attempt handed out with the run"}
+	}
+	ctx := c.Request().Context()
+	run, err := s.cfg.Store.AckRun(ctx, principal(c).NodeID, runID, req.Attempt)
+	if err != nil {
+		return err
+	}
+	if run.State != contract.RunRunning {
+		return apiError(http.StatusConflict, "run_not_running", fmt.Sprintf("run %d is %s, not running: do not execute it", runID, run.State))
+	}
+	cancel, err := s.activityHeartbeat(ctx, run)
+	if err != nil {
+		// The acknowledgement is stored; the run heartbeats will follow.
+		s.log.Warn("run acknowledged but its activity heartbeat failed", "run", runID, "error", err)
+	}
+	return c.JSON(http.StatusOK, protocol.RunAckResponse{Cancel: cancel})
+}
+
+// activityHeartbeat records a heartbeat of a run's activity. cancel is true
+// when the activity no longer exists (the workflow stopped awaiting it).
+func (s *Server) activityHeartbeat(ctx context.Context, run *models.TaskRun) (cancel bool, err error) {
+	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken)
+	var notFound *serviceerror.NotFound
+	switch {
+	case errors.As(err, &notFound):
+		return true, nil
+	case err != nil && !temporal.IsCanceledError(err):
+		// Cancellation is requested when the transaction stops; a running
+		// task is allowed to finish, so only other errors count.
+		return false, err
+	}
+	return false, nil
+}
+
 // agentRunHeartbeat keeps a run's activity alive while the agent works on
-// it. A run no longer awaited tells the agent to give up.
+// it, and acknowledges the run if the agent had not. A run no longer
+// awaited tells the agent to give up; a heartbeat naming another attempt
+// than the run's current one is a 409 (the agent abandons that run).
 func (s *Server) agentRunHeartbeat(c echo.Context) error {
 	runID, err := runIDParam(c)
 	if err != nil {
 		return err
 	}
+	// The body is optional: older agents send {} or nothing.
+	var req protocol.RunHeartbeatRequest
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "cannot read the body: " + err.Error()}
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		c.Request().Body = io.NopCloser(bytes.NewReader(body))
+		if err := bindStrict(c, &req); err != nil {
+			return err
+		}
+	}
 	ctx := c.Request().Context()
-	run, err := s.cfg.Store.AgentRun(ctx, principal(c).NodeID, runID)
+	run, err := s.cfg.Store.AckRun(ctx, principal(c).NodeID, runID, req.Attempt)
 	if err != nil {
 		return err
 	}
 	if run.State != contract.RunRunning {
 		return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{Cancel: true})
 	}
-	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken)
-	var notFound *serviceerror.NotFound
-	switch {
-	case errors.As(err, &notFound):
-		return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{Cancel: true})
-	case err != nil && !temporal.IsCanceledError(err):
-		// Cancellation is requested when the transaction stops; a running
-		// task is allowed to finish, so only other errors count.
+	cancel, err := s.activityHeartbeat(ctx, run)
+	if err != nil {
 		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not record the heartbeat: "+err.Error())
 	}
-	return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{})
+	return c.JSON(http.StatusOK, protocol.RunHeartbeatResponse{Cancel: cancel})
 }
 
 // agentRunResult stores an agent's report and completes the run's activity.
@@ -257,7 +347,7 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		return err
 	}
 	var res protocol.RunResult
-	if err := bindStrict(c, &res); err != nil {
+	if err := bindRunResult(c, &res); err != nil {
 		return err
 	}
 	ctx := c.Request().Context()
@@ -291,6 +381,33 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	log.Info("run reported", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed)
 	return c.JSON(http.StatusOK, map[string]any{"run_id": run.ID, "state": run.State})
+}
+
+// bindRunResult reads an agent's report. A timestamp that does not parse is
+// a 400 naming its field (the JSON decoder alone would name only "body");
+// ranges are checked by the store.
+func bindRunResult(c echo.Context, res *protocol.RunResult) error {
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "cannot read the body: " + err.Error()}
+	}
+	c.Request().Body = io.NopCloser(bytes.NewReader(body))
+	err = bindStrict(c, res)
+	var in *models.InputError
+	if err == nil || !errors.As(err, &in) || in.Field != "body" {
+		return err
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) == nil {
+		for _, name := range []string{"started_at", "finished_at"} {
+			var t time.Time
+			if raw, ok := fields[name]; ok && json.Unmarshal(raw, &t) != nil {
+				return &models.InputError{Status: http.StatusBadRequest, Field: name,
+					Reason: fmt.Sprintf("%s is not an RFC 3339 time like 2006-01-02T15:04:05Z", raw)}
+			}
+		}
+	}
+	return err
 }
 
 // workHub wakes long polls of one node when Postgres announces work for it.

@@ -40,7 +40,11 @@ type Config struct {
 	// HeartbeatTimeoutSec is handed to the transaction workflows (0 means
 	// the workflows' default).
 	HeartbeatTimeoutSec int
-	Log                 *slog.Logger
+	// AckLease is how long a run handed to an agent waits for the agent's
+	// acknowledgement before it is offered again (0: models.DefaultAckLease).
+	// It must stay below the heartbeat timeout.
+	AckLease time.Duration
+	Log      *slog.Logger
 }
 
 // Server serves the API.
@@ -84,6 +88,7 @@ func New(cfg Config) *Server {
 	mine.GET("/work", s.agentWork)
 	mine.POST("/runs/:id/heartbeat", s.agentRunHeartbeat)
 	mine.POST("/runs/:id/result", s.agentRunResult)
+	mine.POST("/runs/:id/ack", s.agentRunAck)
 
 	admin := api.Group("", s.require(models.ScopeAdmin))
 	admin.GET("/nodes", s.listNodes)

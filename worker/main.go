@@ -22,6 +22,7 @@ func main() {
 	flag.StringVar(&cfg.APIAddr, "api", "", "also serve the REST API on this address, e.g. "+server.DefaultAPIAddr)
 	flag.StringVar(&cfg.Domain, "domain", envOr("ANNEAL_DOMAIN", server.DefaultDomain), "admin DNS domain of node names")
 	flag.IntVar(&cfg.HeartbeatTimeoutSec, "heartbeat-timeout", 0, "seconds a run may go without an agent heartbeat (0: 60)")
+	flag.DurationVar(&cfg.AckLease, "ack-lease", 0, "how long a run handed to an agent waits for its acknowledgement before it is offered again (0: 5s; keep it below the heartbeat timeout)")
 	flag.BoolVar(&cfg.NoWorker, "no-worker", false, "serve only the API")
 	flag.Parse()
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))

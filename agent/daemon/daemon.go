@@ -44,7 +44,14 @@ type Executor interface {
 // is true when the API wants it abandoned), Report when it has finished.
 type Reporter interface {
 	Report(ctx context.Context, runID int64, res protocol.RunResult) error
-	RunHeartbeat(ctx context.Context, runID int64) (cancel bool, err error)
+	RunHeartbeat(ctx context.Context, runID int64, attempt int) (cancel bool, err error)
+}
+
+// Acker is implemented by a Reporter that can acknowledge a run before it
+// executes (HTTPTransport does): the API offers a run again until it is
+// acknowledged. cancel is true when the run is no longer awaited.
+type Acker interface {
+	Ack(ctx context.Context, runID int64, attempt int) (cancel bool, err error)
 }
 
 // Config configures Run.
@@ -109,6 +116,8 @@ type runKey struct {
 	attempt int
 }
 
+func keyOf(item protocol.WorkItem) runKey { return runKey{item.RunID, item.Attempt} }
+
 type agent struct {
 	cfg      Config
 	log      *slog.Logger
@@ -122,7 +131,11 @@ type agent struct {
 	rep      Reporter
 	exec     Executor
 	stop     context.CancelCauseFunc
-	seen     map[runKey]struct{}
+	records  *Records
+	// active holds the runs this process is executing; a record in phase
+	// started that is not here was left by a process that died.
+	activeMu sync.Mutex
+	active   map[runKey]struct{}
 }
 
 // Run runs the agent until ctx is done, then returns nil, or until a fatal
@@ -130,9 +143,12 @@ type agent struct {
 // directory.
 //
 // At start it loads <WorkDir>/credential.json, or registers with EnrollToken
-// and stores the credential it gets. Then it sends a node heartbeat every
-// HeartbeatEvery, and long-polls for work; each run handed out is executed
-// once (never twice for the same run and attempt), with a run heartbeat every
+// and stores the credential it gets, and reports as failed the runs its
+// durable record (see Records) shows started by a previous process that
+// never finished them. Then it sends a node heartbeat every HeartbeatEvery,
+// and long-polls for work; each run handed out is recorded, acknowledged
+// and executed once (never twice for the same run and attempt, even across
+// restarts: a run offered again gets its stored result), with a run heartbeat every
 // RunHeartbeatEvery that cancels the execution when the API asks for it or no
 // longer knows the run (404, 409), and its result is reported, retrying
 // network errors and 5xx with backoff. A run interrupted by the agent's own
@@ -158,6 +174,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	a.log.Info("agent started", "boot_id", a.bootID, "api", a.api.BaseURL, "workdir", a.workDir)
 
+	a.recover(actx)
 	var wg sync.WaitGroup
 	wg.Go(func() { a.heartbeatLoop(actx) })
 	wg.Go(func() { a.softwareLoop(actx) })
@@ -217,7 +234,8 @@ func newAgent(cfg Config) (*agent, error) {
 		bootID:   uuid.NewString(),
 		name:     cfg.Name,
 		exec:     cfg.Executor,
-		seen:     map[runKey]struct{}{},
+		records:  &Records{Dir: filepath.Join(workDir, RecordsDir)},
+		active:   map[runKey]struct{}{},
 	}
 	a.api = &HTTPTransport{
 		BaseURL:   cfg.APIURL,
@@ -385,9 +403,6 @@ func (a *agent) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// maxSeen bounds the runs the agent remembers having run.
-const maxSeen = 10000
-
 func (a *agent) workLoop(ctx context.Context) {
 	b := a.backoff()
 	for ctx.Err() == nil {
@@ -416,22 +431,57 @@ func (a *agent) workLoop(ctx context.Context) {
 	}
 }
 
-// runItem executes one work item with run heartbeats, then reports it.
+// runItem executes one work item exactly once on this node, with run
+// heartbeats, then reports it. The durable record decides: a run and
+// attempt already finished gets its stored result reported again; one a
+// dead agent process had started is reported failed; a new one is
+// recorded, acknowledged, marked started, executed and its result stored
+// before it is reported.
 func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	log := a.log.With(runAttrs(item)...)
-	key := runKey{item.RunID, item.Attempt}
-	if _, dup := a.seen[key]; dup {
-		log.Warn("run handed out again for the same attempt; not running it twice")
+	key := keyOf(item)
+	if !a.begin(key) {
+		log.Info("run handed out again while it executes here; its result will be reported when it ends")
 		return
 	}
-	if len(a.seen) >= maxSeen {
-		// Old runs are long done; forgetting them keeps memory bounded.
-		clear(a.seen)
+	defer a.end(key)
+
+	rec, err := a.records.LoadRun(item.RunID, item.Attempt)
+	switch {
+	case err != nil:
+		// Whether it ran is unknown: failing it is safer than running it
+		// twice.
+		log.Error("the run's record is unreadable; reporting it failed rather than risk running it twice", "error", err)
+		a.report(ctx, log, item.RunID, failedResult(item, fmt.Sprintf("not run: the agent's record of this run is unreadable (%v)", err)))
+		return
+	case rec != nil && rec.Phase == PhaseFinished && rec.Result != nil:
+		log.Info("run already executed on this node; reporting its stored result again", "exit_code", rec.Result.ExitCode)
+		a.report(ctx, log, item.RunID, *rec.Result)
+		return
+	case rec != nil && rec.Phase == PhaseStarted:
+		a.reportInterrupted(ctx, rec)
+		return
 	}
-	a.seen[key] = struct{}{}
+	// New, or received by a process that stopped before starting it.
+	rec = &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
+		NodeRoleID: item.NodeRoleID, Type: item.Type, Phase: PhaseReceived}
+	if err := a.records.SaveRun(rec); err != nil {
+		log.Error("cannot record the run durably; not starting it", "error", err)
+		a.report(ctx, log, item.RunID, failedResult(item, fmt.Sprintf("not started: the agent cannot record the run durably (%v)", err)))
+		return
+	}
+	if !a.ack(ctx, log, item) {
+		return
+	}
+	rec.Phase = PhaseStarted
+	if err := a.records.SaveRun(rec); err != nil {
+		log.Error("cannot record the run's start durably; not starting it", "error", err)
+		a.finish(ctx, log, rec, failedResult(item, fmt.Sprintf("not started: the agent cannot record the run durably (%v)", err)))
+		return
+	}
 
 	if item.Type == protocol.TypeReboot {
-		a.reboot(ctx, log, item)
+		a.reboot(ctx, log, item, rec)
 		return
 	}
 	log.Info("run started", "type", item.Type, "timeout_sec", item.TimeoutSec)
@@ -439,7 +489,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	hbDone := make(chan struct{})
 	go func() {
 		defer close(hbDone)
-		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, log)
+		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, item.Attempt, log)
 	}()
 	res := a.exec.Execute(runCtx, item)
 	cancelRun(errors.New("run finished"))
@@ -455,15 +505,116 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	} else {
 		log.Warn("run failed", attrs...)
 	}
-
-	if ctx.Err() != nil {
-		a.reportOnce(ctx, log, item.RunID, res)
-		return
-	}
-	a.report(ctx, log, item.RunID, res)
+	a.finish(ctx, log, rec, res)
 }
 
-func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, log *slog.Logger) {
+// begin marks a run as executing in this process; false if it already is.
+func (a *agent) begin(key runKey) bool {
+	a.activeMu.Lock()
+	defer a.activeMu.Unlock()
+	if _, ok := a.active[key]; ok {
+		return false
+	}
+	a.active[key] = struct{}{}
+	return true
+}
+
+func (a *agent) end(key runKey) {
+	a.activeMu.Lock()
+	defer a.activeMu.Unlock()
+	delete(a.active, key)
+}
+
+// ack acknowledges a run before it starts, retrying network errors and
+// 5xx. It reports whether to go on: not when the API no longer awaits the
+// run (a final 4xx, or cancel) or the agent is stopping. An API without
+// the ack route (404 without an error envelope) is an older one, for
+// which the first run heartbeat is the acknowledgement.
+func (a *agent) ack(ctx context.Context, log *slog.Logger, item protocol.WorkItem) bool {
+	acker, ok := a.rep.(Acker)
+	if !ok {
+		return true
+	}
+	var cancel bool
+	err := a.retry(ctx, "acknowledging the run", func(ctx context.Context) error {
+		var err error
+		cancel, err = acker.Ack(ctx, item.RunID, item.Attempt)
+		return err
+	})
+	var apiErr *APIError
+	switch {
+	case err == nil && !cancel:
+		return true
+	case err == nil:
+		log.Info("the API no longer awaits the run; not starting it")
+	case ctx.Err() != nil:
+		log.Warn("agent stopping; run acknowledged neither started (it will be offered again)")
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound && apiErr.Code == "":
+		log.Debug("the API has no ack route; the first run heartbeat acknowledges the run")
+		return true
+	case statusOf(err) == http.StatusUnauthorized:
+		a.fatal(a.credentialRejected(err))
+	default:
+		log.Warn("the API refused the run; not starting it", "status", statusOf(err), "error", apiMessage(err))
+	}
+	return false
+}
+
+// finish stores a run's result durably, then reports it (once only when
+// the agent is stopping).
+func (a *agent) finish(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult) {
+	rec.Phase, rec.Result = PhaseFinished, &res
+	if err := a.records.SaveRun(rec); err != nil {
+		// The result still goes out; only a repeated offer would miss it.
+		log.Error("cannot store the run's result durably", "error", err)
+	}
+	if ctx.Err() != nil {
+		a.reportOnce(ctx, log, rec.RunID, res)
+		return
+	}
+	a.report(ctx, log, rec.RunID, res)
+}
+
+// recover runs at start: runs a previous agent process started and never
+// finished are reported failed (their commands may have done part of their
+// work; running them again silently could do it twice), and old records
+// are pruned.
+func (a *agent) recover(ctx context.Context) {
+	if err := a.records.Prune(time.Now().Add(-RecordRetention)); err != nil {
+		a.log.Warn("cannot prune old run records", "error", err)
+	}
+	recs, err := a.records.Unfinished()
+	if err != nil {
+		a.log.Warn("cannot read the run records", "error", err)
+		return
+	}
+	for _, rec := range recs {
+		if ctx.Err() != nil {
+			return
+		}
+		a.reportInterrupted(ctx, rec)
+	}
+}
+
+// reportInterrupted stores and reports as failed a run that a previous
+// agent process started and never finished.
+func (a *agent) reportInterrupted(ctx context.Context, rec *RunRecord) {
+	log := a.log.With("run", rec.RunID, "attempt", rec.Attempt, "task", rec.Task, "transaction", rec.TransactionID)
+	log.Warn("the agent stopped while this run was executing; reporting it failed instead of running it again",
+		"started", rec.UpdatedAt, "pid", rec.PID)
+	now := time.Now().UTC()
+	res := protocol.RunResult{Attempt: rec.Attempt, ExitCode: -1, StartedAt: rec.UpdatedAt, FinishedAt: now,
+		Error: fmt.Sprintf("interrupted: the agent (pid %d) stopped while the run was executing (started %s); "+
+			"it is not run again by the agent, only a new attempt would run it", rec.PID, rec.UpdatedAt.Format(time.RFC3339))}
+	a.finish(ctx, log, rec, res)
+}
+
+func failedResult(item protocol.WorkItem, reason string) protocol.RunResult {
+	now := time.Now().UTC()
+	return protocol.RunResult{Attempt: item.Attempt, ExitCode: -1, Error: reason, StartedAt: now, FinishedAt: now}
+}
+
+func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, attempt int, log *slog.Logger) {
 	t := time.NewTicker(a.cfg.RunHeartbeatEvery)
 	defer t.Stop()
 	for {
@@ -472,7 +623,7 @@ func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCa
 			return
 		case <-t.C:
 		}
-		cancel, err := a.rep.RunHeartbeat(ctx, runID)
+		cancel, err := a.rep.RunHeartbeat(ctx, runID, attempt)
 		switch st := statusOf(err); {
 		case err == nil && cancel:
 			log.Info("the API asked to cancel the run")
@@ -528,21 +679,19 @@ func (a *agent) logReport(ctx context.Context, log *slog.Logger, err error) {
 }
 
 // abandon reports runs that were handed out but not started because the
-// agent is stopping, best effort.
+// agent is stopping, best effort, and records them so that a later offer
+// of the same attempt reports the same.
 func (a *agent) abandon(ctx context.Context, items []protocol.WorkItem) {
 	for _, item := range items {
-		key := runKey{item.RunID, item.Attempt}
-		if _, dup := a.seen[key]; dup {
-			continue
+		rec, err := a.records.LoadRun(item.RunID, item.Attempt)
+		if err != nil || (rec != nil && rec.Phase != PhaseReceived) {
+			continue // known already: handled when offered again
 		}
-		a.seen[key] = struct{}{}
 		log := a.log.With(runAttrs(item)...)
 		log.Warn("agent stopping; run not started")
-		now := time.Now().UTC()
-		a.reportOnce(ctx, log, item.RunID, protocol.RunResult{
-			Attempt: item.Attempt, ExitCode: -1, Error: "cancelled: the agent stopped before starting the run",
-			StartedAt: now, FinishedAt: now,
-		})
+		rec = &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
+			NodeRoleID: item.NodeRoleID, Type: item.Type}
+		a.finish(ctx, log, rec, failedResult(item, "cancelled: the agent stopped before starting the run"))
 	}
 }
 

@@ -45,12 +45,18 @@ type fakeAPI struct {
 	queue            []protocol.WorkItem
 	notify           chan struct{}
 	runHeartbeats    map[int64]int
-	cancelAfter      map[int64]int // answer cancel from the Nth run heartbeat
-	runHBStatus      map[int64]int // answer run heartbeats with this status
+	hbAttempts       map[int64][]int // attempts named by run heartbeats
+	cancelAfter      map[int64]int   // answer cancel from the Nth run heartbeat
+	runHBStatus      map[int64]int   // answer run heartbeats with this status
 	results          map[int64][]protocol.RunResult
 	resultPosts      map[int64]int
-	resultFailures   map[int64]int // answer 503 to this many result posts first
-	resultStatus     map[int64]int // answer result posts with this status
+	resultFailures   map[int64]int   // answer 503 to this many result posts first
+	resultStatus     map[int64]int   // answer result posts with this status
+	acks             map[int64][]int // attempts acknowledged per run
+	ackStatus        map[int64]int   // answer acks with this status
+	software         []protocol.SoftwareDeployment
+	softwareVersion  int // bumped at every listing, so the agent sees it again
+	signals          map[int64][]protocol.SoftwareSignal
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -59,12 +65,16 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		tokens:         map[string]bool{},
 		notify:         make(chan struct{}, 1),
 		runHeartbeats:  map[int64]int{},
+		hbAttempts:     map[int64][]int{},
 		cancelAfter:    map[int64]int{},
 		runHBStatus:    map[int64]int{},
 		results:        map[int64][]protocol.RunResult{},
 		resultPosts:    map[int64]int{},
 		resultFailures: map[int64]int{},
 		resultStatus:   map[int64]int{},
+		acks:           map[int64][]int{},
+		ackStatus:      map[int64]int{},
+		signals:        map[int64][]protocol.SoftwareSignal{},
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+protocol.PathRegister, f.register)
@@ -72,6 +82,9 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	mux.HandleFunc("GET "+protocol.PathWork, f.work)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunHeartbeat, "%d", "{id}", 1), f.runHeartbeat)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunResult, "%d", "{id}", 1), f.result)
+	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunAck, "%d", "{id}", 1), f.ack)
+	mux.HandleFunc("GET "+protocol.PathSoftwareDeployments, f.softwareDeployments)
+	mux.HandleFunc("POST "+strings.Replace(protocol.PathSoftwareSignal, "%d", "{id}", 1), f.signal)
 	f.srv = httptest.NewServer(mux)
 	t.Cleanup(f.srv.Close)
 	return f
@@ -193,8 +206,11 @@ func (f *fakeAPI) runHeartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := runID(r)
+	var req protocol.RunHeartbeatRequest
+	_ = json.NewDecoder(r.Body).Decode(&req)
 	f.mu.Lock()
 	f.runHeartbeats[id]++
+	f.hbAttempts[id] = append(f.hbAttempts[id], req.Attempt)
 	n, after, status := f.runHeartbeats[id], f.cancelAfter[id], f.runHBStatus[id]
 	f.mu.Unlock()
 	if status != 0 {
@@ -229,6 +245,58 @@ func (f *fakeAPI) result(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (f *fakeAPI) ack(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if !f.authorized(w, r) {
+		return
+	}
+	id := runID(r)
+	var req protocol.RunAck
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		apiError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st := f.ackStatus[id]; st != 0 {
+		apiError(w, st, "conflict", fmt.Sprintf("run %d is not running", id))
+		return
+	}
+	f.acks[id] = append(f.acks[id], req.Attempt)
+	writeJSON(w, protocol.RunAckResponse{})
+}
+
+// softwareDeployments lists f.software under a new version every time
+// (after a short wait), as an API whose signals never arrived would.
+func (f *fakeAPI) softwareDeployments(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if !f.authorized(w, r) {
+		return
+	}
+	time.Sleep(20 * time.Millisecond)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.softwareVersion++
+	writeJSON(w, protocol.SoftwareDeploymentsResponse{Version: strconv.Itoa(f.softwareVersion),
+		Deployments: append([]protocol.SoftwareDeployment{}, f.software...)})
+}
+
+func (f *fakeAPI) signal(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
+	if !f.authorized(w, r) {
+		return
+	}
+	var sig protocol.SoftwareSignal
+	if err := json.NewDecoder(r.Body).Decode(&sig); err != nil {
+		apiError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.signals[runID(r)] = append(f.signals[runID(r)], sig)
+	writeJSON(w, map[string]any{})
 }
 
 func (f *fakeAPI) push(items ...protocol.WorkItem) {
@@ -363,15 +431,19 @@ func TestRunRegistersExecutesAndRestartsWithCredential(t *testing.T) {
 	assert.Equal(t, "oops\n", r2.StderrTail)
 	assert.FileExists(t, filepath.Join(dir, "logs", "tx-e2e", "task2.2.3.log"))
 
-	// The same (run, attempt) handed out again is not run twice; a new
-	// attempt of the same run is.
+	// The same (run, attempt) handed out again is not run twice (its
+	// stored result is reported again); a new attempt of the same run is.
 	f.push(work(1, 1, `echo ran >> "$ANNEAL_WORKDIR/count-1"`), work(3, 1, "true"))
 	f.waitResults(t, 3, 1)
 	f.push(work(1, 2, `echo ran >> "$ANNEAL_WORKDIR/count-1"`))
-	r1b := f.waitResults(t, 1, 2)
-	assert.Equal(t, 2, r1b[1].Attempt)
+	r1b := f.waitResults(t, 1, 3)
+	assert.Equal(t, r1, r1b[1], "the stored result, again")
+	assert.Equal(t, 2, r1b[2].Attempt)
 	assert.Equal(t, 2, lines(t, filepath.Join(dir, "count-1")))
 	assert.Equal(t, 1, f.count(f.resultPosts, 3))
+	f.mu.Lock()
+	assert.Equal(t, []int{1, 2}, f.acks[1], "each attempt acknowledged once, before it ran")
+	f.mu.Unlock()
 
 	// Node heartbeats flow with the node token.
 	require.Eventually(t, func() bool {
@@ -432,13 +504,18 @@ func TestRunHeartbeatsAndCancel(t *testing.T) {
 	start(t, testConfig(t, f, t.TempDir()))
 
 	began := time.Now()
-	f.push(work(10, 1, `sleep 30`), work(11, 1, `echo next`))
+	f.push(work(10, 4, `sleep 30`), work(11, 1, `echo next`))
 	r := f.waitResults(t, 10, 1)[0]
 	assert.Less(t, time.Since(began), 8*time.Second)
 	assert.Equal(t, -1, r.ExitCode)
 	assert.Equal(t, "cancelled: the API asked to cancel the run", r.Error)
-	assert.Equal(t, 1, r.Attempt)
+	assert.Equal(t, 4, r.Attempt)
 	assert.GreaterOrEqual(t, f.count(f.runHeartbeats, 10), 3)
+	f.mu.Lock()
+	for _, a := range f.hbAttempts[10] {
+		assert.Equal(t, 4, a, "run heartbeats name their attempt")
+	}
+	f.mu.Unlock()
 
 	// The agent goes on with the next run.
 	assert.Equal(t, "next\n", f.waitResults(t, 11, 1)[0].StdoutTail)

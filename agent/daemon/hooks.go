@@ -223,13 +223,7 @@ func (h *Hooks) Run(ctx context.Context, d protocol.SoftwareDeployment) protocol
 }
 
 func (h *Hooks) environ(d protocol.SoftwareDeployment, dir, outputsPath string) []string {
-	env := make([]string, 0, len(os.Environ())+len(d.InputValues)+8)
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "ANNEAL_ENROLL_TOKEN=") {
-			continue
-		}
-		env = append(env, kv)
-	}
+	env := agentEnviron(len(d.InputValues) + 8)
 	for name, v := range d.InputValues {
 		if validGroup(name) && !strings.ContainsAny(name, ".:+-") {
 			env = append(env, name+"="+inputText(v))

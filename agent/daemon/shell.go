@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,7 +49,8 @@ var errTimedOut = errors.New("run timed out")
 // stdout or "err| " for stderr (a last line without a newline gets one; a
 // line longer than 64 KiB is split), then a "# " footer with the outcome.
 //
-// The command sees the agent's environment (minus ANNEAL_ENROLL_TOKEN), then
+// The command sees the agent's environment (minus the tokens, see
+// SecretEnv), then
 // the item's Env, then ANNEAL_NODE, ANNEAL_RUN_ID, ANNEAL_ATTEMPT,
 // ANNEAL_TASK, ANNEAL_TRANSACTION, ANNEAL_GRAPH, ANNEAL_WORKDIR and
 // ANNEAL_OUTPUTS (later ones win). ANNEAL_OUTPUTS names a fresh empty file;
@@ -307,13 +309,7 @@ func groupAlive(pgid int) bool {
 }
 
 func (e *ShellExecutor) environ(item protocol.WorkItem, outputsPath string) []string {
-	env := make([]string, 0, len(os.Environ())+len(item.Env)+8)
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "ANNEAL_ENROLL_TOKEN=") {
-			continue
-		}
-		env = append(env, kv)
-	}
+	env := agentEnviron(len(item.Env) + 8)
 	for k, v := range item.Env {
 		env = append(env, k+"="+v)
 	}
@@ -327,6 +323,27 @@ func (e *ShellExecutor) environ(item protocol.WorkItem, outputsPath string) []st
 		"ANNEAL_WORKDIR="+e.WorkDir,
 		"ANNEAL_OUTPUTS="+outputsPath,
 	)
+}
+
+// SecretEnv names the environment variables of the agent that commands and
+// hooks never see: the enrollment token it may have been started with, and
+// an operator token left in the environment that started it (.dev/env).
+var SecretEnv = []string{"ANNEAL_ENROLL_TOKEN", "ANNEAL_TOKEN"}
+
+// agentEnviron returns the agent's environment without SecretEnv, with
+// room for extra more entries: the base environment of every command and
+// hook the agent runs.
+func agentEnviron(extra int) []string {
+	all := os.Environ()
+	env := make([]string, 0, len(all)+extra)
+	for _, kv := range all {
+		name, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(SecretEnv, name) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }
 
 func (e *ShellExecutor) logger() *slog.Logger {

@@ -53,9 +53,10 @@ func TestShellExitCodeAndLog(t *testing.T) {
 
 func TestShellSuccessAndEnvironment(t *testing.T) {
 	t.Setenv("ANNEAL_ENROLL_TOKEN", "secret")
+	t.Setenv("ANNEAL_TOKEN", "operator-secret")
 	t.Setenv("AGENT_OWN_VAR", "inherited")
 	e := newExecutor(t)
-	it := item(`echo "$ANNEAL_NODE|$ANNEAL_RUN_ID|$ANNEAL_ATTEMPT|$ANNEAL_TASK|$ANNEAL_TRANSACTION|$ANNEAL_GRAPH|$ANNEAL_WORKDIR|$FOO|$AGENT_OWN_VAR|${ANNEAL_ENROLL_TOKEN:-none}|$(pwd)"
+	it := item(`echo "$ANNEAL_NODE|$ANNEAL_RUN_ID|$ANNEAL_ATTEMPT|$ANNEAL_TASK|$ANNEAL_TRANSACTION|$ANNEAL_GRAPH|$ANNEAL_WORKDIR|$FOO|$AGENT_OWN_VAR|${ANNEAL_ENROLL_TOKEN:-none}${ANNEAL_TOKEN:-}|$(pwd)"
 test -f "$ANNEAL_OUTPUTS" && test ! -s "$ANNEAL_OUTPUTS"`)
 	it.Env = map[string]string{"FOO": "bar baz", "ANNEAL_NODE": "spoofed"}
 	res := e.Execute(context.Background(), it)

@@ -99,6 +99,7 @@ type HTTPTransport struct {
 var (
 	_ WorkSource = (*HTTPTransport)(nil)
 	_ Reporter   = (*HTTPTransport)(nil)
+	_ Acker      = (*HTTPTransport)(nil)
 )
 
 // Register phones home for the first time, authenticated by an enrollment
@@ -135,11 +136,21 @@ func (t *HTTPTransport) Report(ctx context.Context, runID int64, res protocol.Ru
 	return t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunResult, runID), nil, t.Token, t.timeout(), res, nil)
 }
 
-// RunHeartbeat tells the API the run is still executing; cancel is true when
-// the API wants it abandoned.
-func (t *HTTPTransport) RunHeartbeat(ctx context.Context, runID int64) (bool, error) {
+// Ack tells the API the agent took delivery of a run's attempt, so that it
+// is not offered again; cancel is true when the run is no longer awaited.
+func (t *HTTPTransport) Ack(ctx context.Context, runID int64, attempt int) (bool, error) {
+	var resp protocol.RunAckResponse
+	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunAck, runID), nil, t.Token, t.timeout(), protocol.RunAck{Attempt: attempt}, &resp)
+	return resp.Cancel, err
+}
+
+// RunHeartbeat tells the API the attempt of the run is still executing;
+// cancel is true when the API wants it abandoned. Another attempt than the
+// run's current one is answered 409.
+func (t *HTTPTransport) RunHeartbeat(ctx context.Context, runID int64, attempt int) (bool, error) {
 	var resp protocol.RunHeartbeatResponse
-	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunHeartbeat, runID), nil, t.Token, t.timeout(), struct{}{}, &resp)
+	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunHeartbeat, runID), nil, t.Token, t.timeout(),
+		protocol.RunHeartbeatRequest{Attempt: attempt}, &resp)
 	return resp.Cancel, err
 }
 

@@ -19,6 +19,8 @@ const (
 	PathWork         = "/api/v1/agent/work"
 	PathRunHeartbeat = "/api/v1/agent/runs/%d/heartbeat"
 	PathRunResult    = "/api/v1/agent/runs/%d/result"
+	// PathRunAck acknowledges a run handed out by PathWork (RunAck).
+	PathRunAck = "/api/v1/agent/runs/%d/ack"
 )
 
 // TypeReboot is the work item type of a reboot task; every other task
@@ -61,8 +63,11 @@ type HeartbeatResponse struct {
 	Name   string `json:"name"`
 }
 
-// WorkResponse lists the runs handed to this agent by one fetch. Each run is
-// handed out once per attempt: a second fetch does not return it again.
+// WorkResponse lists the runs handed to this agent by one fetch. A run
+// counts as delivered once the agent acknowledges it (RunAck, or its first
+// run heartbeat or result); until then a later fetch offers it again, with
+// the same attempt, after a short lease. The agent must therefore recognise
+// a run+attempt it already has and never execute it twice.
 type WorkResponse struct {
 	Runs []WorkItem `json:"runs"`
 }
@@ -90,6 +95,28 @@ type WorkItem struct {
 
 // Timeout returns the run's timeout as a duration.
 func (w WorkItem) Timeout() time.Duration { return time.Duration(w.TimeoutSec) * time.Second }
+
+// RunAck is what an agent sends (POST PathRunAck) when it has taken
+// delivery of a run, after recording it durably and before executing it:
+// the run is then not offered again. An ack for another attempt than the
+// run's current one is refused with 409, and the agent must not run it.
+type RunAck struct {
+	Attempt int `json:"attempt"`
+}
+
+// RunAckResponse confirms an acknowledgement. Cancel is true when the run
+// is no longer awaited (the transaction stopped): the agent should not
+// start it.
+type RunAckResponse struct {
+	Cancel bool `json:"cancel"`
+}
+
+// RunHeartbeatRequest is the optional body of a run heartbeat. Attempt,
+// when given, must be the run's current attempt (else 409: a stale run the
+// agent should abandon). The first heartbeat also acknowledges the run.
+type RunHeartbeatRequest struct {
+	Attempt int `json:"attempt,omitempty"`
+}
 
 // RunHeartbeatResponse tells the agent whether the run should be abandoned
 // (the transaction was cancelled or the run is no longer awaited).
@@ -240,27 +267,28 @@ func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 		}
 		return t, nil
 	}
+	// Status codes and rounds are stored in 32 bits: a larger number is
+	// refused here, as bad input, rather than by the database.
 	num := func(k string) (int, error) {
 		v, ok := m[k]
 		delete(m, k)
 		if !ok || v == nil {
 			return 0, nil
 		}
+		var text string
 		switch t := v.(type) {
 		case json.Number:
-			n, err := strconv.Atoi(t.String())
-			if err != nil {
-				return 0, fmt.Errorf("%s must be an integer", k)
-			}
-			return n, nil
+			text = t.String()
 		case string: // shell hooks often send "0"
-			n, err := strconv.Atoi(strings.TrimSpace(t))
-			if err != nil {
-				return 0, fmt.Errorf("%s must be an integer", k)
-			}
-			return n, nil
+			text = strings.TrimSpace(t)
+		default:
+			return 0, fmt.Errorf("%s must be an integer", k)
 		}
-		return 0, fmt.Errorf("%s must be an integer", k)
+		n, err := strconv.ParseInt(text, 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("%s must be an integer of 32 bits, not %s", k, text)
+		}
+		return int(n), nil
 	}
 	var err error
 	if s.Stdout, err = str(SignalStdout); err != nil {

@@ -47,6 +47,9 @@ type Config struct {
 	// HeartbeatTimeoutSec is how long a run may go without its agent's
 	// heartbeat (0: the workflows' default).
 	HeartbeatTimeoutSec int
+	// AckLease is how long a run handed to an agent waits for its
+	// acknowledgement before it is offered again (0: models.DefaultAckLease).
+	AckLease time.Duration
 	// NoWorker serves only the API.
 	NoWorker bool
 	Log      *slog.Logger
@@ -108,7 +111,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.APIAddr != "" {
 		api := web.New(web.Config{
 			Store: store, Temporal: tc, TaskQueue: cfg.TaskQueue, DatabaseURL: cfg.DatabaseURL,
-			HeartbeatTimeoutSec: cfg.HeartbeatTimeoutSec, Log: cfg.Log,
+			HeartbeatTimeoutSec: cfg.HeartbeatTimeoutSec, AckLease: cfg.AckLease, Log: cfg.Log,
 		})
 		g.Go(func() error { return api.Run(ctx, cfg.APIAddr) })
 		cfg.Log.Info("API listening", "url", "http://"+cfg.APIAddr)

@@ -1,0 +1,217 @@
+package daemon
+
+// The agent's durable record of what it executed: exactly once on the node,
+// at least once on the wire. The API offers a run again until the agent
+// acknowledges it, so the same run and attempt may arrive twice (an answer
+// lost on the way, a server restarted between claim and response, an agent
+// restarted before it acknowledged). Before acknowledging a run the agent
+// writes <WorkDir>/records/run-<id>.<attempt>.json, marks it started just
+// before the command starts and stores the result when it ends, each time
+// with write, fsync and rename. A run offered again is therefore never
+// executed twice: its stored result is reported again, or, when a previous
+// agent process died while running it, it is reported as failed with that
+// reason. A new attempt (a retry decided by the server) has a new number
+// and a record of its own. Software deployment rounds keep the same kind of
+// record, software-<id>.<round>.json.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+)
+
+// RecordsDir is the directory, under the work directory, of the agent's
+// durable records of runs and software deployment rounds.
+const RecordsDir = "records"
+
+// RecordRetention is how long finished records are kept: far longer than
+// any run stays offered.
+const RecordRetention = 7 * 24 * time.Hour
+
+// Phases of a run record.
+const (
+	// PhaseReceived: written before the run is acknowledged; the command
+	// has not started, so running it later is safe.
+	PhaseReceived = "received"
+	// PhaseStarted: written just before the command starts.
+	PhaseStarted = "started"
+	// PhaseFinished: the result is stored.
+	PhaseFinished = "finished"
+)
+
+// RunRecord is what the agent keeps on disk about one attempt of a run.
+type RunRecord struct {
+	RunID         int64  `json:"run_id"`
+	Attempt       int    `json:"attempt"`
+	Task          string `json:"task,omitempty"`
+	TransactionID string `json:"transaction_id,omitempty"`
+	NodeRoleID    int64  `json:"noderole_id,omitempty"`
+	Type          string `json:"type,omitempty"`
+	Phase         string `json:"phase"`
+	// PID is the agent process that wrote the record last.
+	PID       int       `json:"pid"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Result is set once the phase is finished.
+	Result *protocol.RunResult `json:"result,omitempty"`
+}
+
+// SoftwareRecord is what the agent keeps on disk about one round of a
+// software deployment: started before the hook runs, then its signal.
+type SoftwareRecord struct {
+	ID        int64                    `json:"id"`
+	Round     int                      `json:"round"`
+	Phase     string                   `json:"phase"`
+	PID       int                      `json:"pid"`
+	UpdatedAt time.Time                `json:"updated_at"`
+	Signal    *protocol.SoftwareSignal `json:"signal,omitempty"`
+}
+
+// Records reads and writes the agent's durable records in Dir.
+type Records struct {
+	Dir string
+}
+
+// RunRecordPath returns where the record of a run's attempt is kept.
+func (r *Records) RunRecordPath(runID int64, attempt int) string {
+	return filepath.Join(r.Dir, fmt.Sprintf("run-%d.%d.json", runID, attempt))
+}
+
+// SoftwareRecordPath returns where the record of a deployment round is kept.
+func (r *Records) SoftwareRecordPath(id int64, round int) string {
+	return filepath.Join(r.Dir, fmt.Sprintf("software-%d.%d.json", id, round))
+}
+
+// LoadRun returns the record of a run's attempt, or nil if there is none.
+func (r *Records) LoadRun(runID int64, attempt int) (*RunRecord, error) {
+	var rec RunRecord
+	ok, err := loadRecord(r.RunRecordPath(runID, attempt), &rec)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// SaveRun stores a run record durably.
+func (r *Records) SaveRun(rec *RunRecord) error {
+	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
+	return r.save(r.RunRecordPath(rec.RunID, rec.Attempt), rec)
+}
+
+// LoadSoftware returns the record of a deployment round, or nil.
+func (r *Records) LoadSoftware(id int64, round int) (*SoftwareRecord, error) {
+	var rec SoftwareRecord
+	ok, err := loadRecord(r.SoftwareRecordPath(id, round), &rec)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// SaveSoftware stores a deployment round's record durably.
+func (r *Records) SaveSoftware(rec *SoftwareRecord) error {
+	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
+	return r.save(r.SoftwareRecordPath(rec.ID, rec.Round), rec)
+}
+
+// Unfinished lists the run records whose command started and never
+// finished: a previous agent process died while running them.
+func (r *Records) Unfinished() ([]*RunRecord, error) {
+	paths, err := filepath.Glob(filepath.Join(r.Dir, "run-*.json"))
+	if err != nil {
+		return nil, fmt.Errorf("list run records: %w", err)
+	}
+	var out []*RunRecord
+	for _, p := range paths {
+		var rec RunRecord
+		if ok, err := loadRecord(p, &rec); err != nil || !ok {
+			continue // an unreadable record is dealt with if its run comes again
+		}
+		if rec.Phase == PhaseStarted {
+			out = append(out, &rec)
+		}
+	}
+	return out, nil
+}
+
+// Prune removes records last written before cutoff.
+func (r *Records) Prune(cutoff time.Time) error {
+	entries, err := os.ReadDir(r.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list records: %w", err)
+	}
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(r.Dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove old record: %w", err)
+		}
+	}
+	return nil
+}
+
+func loadRecord(path string, v any) (bool, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read record %s: %w", path, err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return false, fmt.Errorf("record %s is unreadable: %w", path, err)
+	}
+	return true, nil
+}
+
+// save writes v to path so that a crash leaves either the old record or
+// the new one, never a torn one: a temporary file, fsync, rename, and fsync
+// of the directory so the rename itself survives.
+func (r *Records) save(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode record: %w", err)
+	}
+	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
+		return fmt.Errorf("records directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(r.Dir, "."+strings.TrimSuffix(filepath.Base(path), ".json")+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("write record: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write record %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync record %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close record %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("store record %s: %w", path, err)
+	}
+	d, err := os.Open(r.Dir)
+	if err != nil {
+		return fmt.Errorf("sync records directory: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync records directory: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+package models_test
+
+import (
+	"math"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/storetest"
+	"github.com/anneal-dev/anneal/workflows/contract"
+)
+
+// TestClaimLease: a run handed to an agent and never acknowledged (the
+// answer was lost) is offered again once its lease has passed, with the
+// same attempt; an acknowledged one is not, and neither is a run the worker
+// executes itself.
+func TestClaimLease(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup := runs["setup@"+storetest.CtlName]
+	const lease = 300 * time.Millisecond
+
+	_, err := f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-1"))
+	require.NoError(t, err)
+	next, err := f.Store.NextOffer(f.Ctx, f.Ctl.ID)
+	require.NoError(t, err)
+	assert.True(t, next.IsZero(), "nothing handed out yet")
+
+	claimed, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	assert.Equal(t, 1, claimed[0].Attempt)
+	again, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	assert.Empty(t, again, "within the lease the run is not offered again")
+	next, err = f.Store.NextOffer(f.Ctx, f.Ctl.ID)
+	require.NoError(t, err)
+	require.False(t, next.IsZero())
+	assert.WithinDuration(t, time.Now().Add(lease), next, 2*time.Second)
+
+	// The lease passes without an acknowledgement: offered again, same
+	// attempt (the agent's record makes a second delivery harmless).
+	require.Eventually(t, func() bool {
+		again, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+		require.NoError(t, err)
+		return len(again) == 1
+	}, 5*time.Second, 50*time.Millisecond, "an unacknowledged run is offered again after its lease")
+	assert.Equal(t, setup.ID, again[0].ID)
+	assert.Equal(t, 1, again[0].Attempt)
+
+	// Another node cannot acknowledge it; a stale attempt is a conflict; an
+	// impossible one is bad input.
+	_, err = f.Store.AckRun(f.Ctx, f.Cmp.ID, setup.ID, 1)
+	assert.ErrorIs(t, err, models.ErrForbidden)
+	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID+1000, 1)
+	assert.ErrorIs(t, err, models.ErrNotFound)
+	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 2)
+	storetest.RequireConflict(t, err)
+	in := storetest.RequireInput(t, mustErr(f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, math.MaxInt32+1)), "attempt")
+	assert.Equal(t, http.StatusBadRequest, in.Status)
+
+	// Acknowledged: never offered again, however long one waits.
+	acked, err := f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 1)
+	require.NoError(t, err)
+	assert.Equal(t, contract.RunRunning, acked.State)
+	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 1)
+	require.NoError(t, err, "a repeated acknowledgement is harmless")
+	time.Sleep(2 * lease)
+	again, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	assert.Empty(t, again, "an acknowledged run is delivered")
+	next, err = f.Store.NextOffer(f.Ctx, f.Ctl.ID)
+	require.NoError(t, err)
+	assert.True(t, next.IsZero())
+
+	// A new attempt starts unacknowledged again.
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-2"))
+	require.NoError(t, err)
+	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	assert.Equal(t, 2, claimed[0].Attempt)
+	// Its result is its acknowledgement too.
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 2})
+	require.NoError(t, err)
+	time.Sleep(2 * lease)
+	again, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	assert.Empty(t, again)
+	// Acknowledging a finished run returns it as it is.
+	done, err := f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 2)
+	require.NoError(t, err)
+	assert.Equal(t, contract.RunSucceeded, done.State)
+}
+
+// TestClaimLeaseSkipsWorkerRuns: a run the worker executes for a node
+// (claimed when it starts, without a lease) never reaches the agent.
+func TestClaimLeaseSkipsWorkerRuns(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	setup := f.RunsByLabel(t, txn)["setup@"+storetest.CtlName]
+	_, _, err := f.Store.StartLocalRun(f.Ctx, setup.ID)
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	claimed, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, claimed)
+}
+
+// TestRecordRunResultRanges: numbers and times that do not fit are bad
+// input naming the field (400), never a database error.
+func TestRecordRunResultRanges(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	setup := f.RunsByLabel(t, txn)["setup@"+storetest.CtlName]
+	_, err := f.Store.DispatchRun(f.Ctx, setup.ID, nil)
+	require.NoError(t, err)
+	tests := []struct {
+		field string
+		res   protocol.RunResult
+	}{
+		{"attempt", protocol.RunResult{Attempt: math.MaxInt32 + 1}},
+		{"attempt", protocol.RunResult{Attempt: -1}},
+		{"attempt", protocol.RunResult{}},
+		{"exit_code", protocol.RunResult{Attempt: 1, ExitCode: math.MaxInt32 + 1}},
+		{"exit_code", protocol.RunResult{Attempt: 1, ExitCode: math.MinInt32 - 1}},
+		{"started_at", protocol.RunResult{Attempt: 1, StartedAt: time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC)}},
+		{"finished_at", protocol.RunResult{Attempt: 1, FinishedAt: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)}},
+	}
+	for _, tt := range tests {
+		_, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, tt.res)
+		in := storetest.RequireInput(t, err, tt.field)
+		assert.Equal(t, http.StatusBadRequest, in.Status)
+	}
+	got := f.RunsByLabel(t, txn)["setup@"+storetest.CtlName]
+	assert.Equal(t, contract.RunRunning, got.State, "nothing was recorded")
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 1, ExitCode: math.MinInt32})
+	require.NoError(t, err)
+	assert.Equal(t, contract.RunFailed, rec.Run.State)
+}
+
+func mustErr(_ any, err error) error { return err }

@@ -1,0 +1,166 @@
+package web_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/agent/daemon"
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/dev/testenv"
+	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/workflows/contract"
+)
+
+// onceRelease has one task that appends a line to a file outside the
+// agent's work directory: the node-side count of its executions.
+const onceRelease = `
+name: once
+version: "1"
+roles_metadata:
+  worker: {tags: [worker]}
+graphs:
+  deployment:
+    tasks:
+      - id: count
+        tags: [worker]
+        parameters: {cmd: "echo ran >> %s; echo counted", timeout: 30}
+`
+
+// restartAgent runs a real agent again on a stopped one's work directory
+// (its stored credential), like a node agent restarted by its init system.
+func restartAgent(t *testing.T, st *testenv.Stack, a *testenv.Agent) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	cfg := daemon.Config{
+		APIURL: st.URL, Name: a.Name, WorkDir: a.WorkDir, Address: a.Address, Listen: a.Address,
+		HeartbeatEvery: time.Second, RunHeartbeatEvery: time.Second, PollWait: 5 * time.Second,
+		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: testenv.Logger(t).With("agent", a.Name),
+	}
+	go func() { done <- daemon.Run(ctx, cfg) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// TestLostClaimRunsExactlyOnce: the server hands a run out and the answer
+// never reaches the agent (here: the claim is made directly on the store
+// while the node's agent is down). The run is offered again once its lease
+// has passed, the real agent executes it, and it executes exactly once,
+// counted on the node. Agent reports out of range, or for runs that are
+// unknown, foreign or finished, are 4xx.
+func TestLostClaimRunsExactlyOnce(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{HeartbeatTimeoutSec: 30})
+	count := filepath.Join(t.TempDir(), "count")
+	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken,
+		testenv.YAML(fmt.Sprintf(onceRelease, count)), nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "d1", "release": "once"}, nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	agent := st.StartAgent(t, nodeName("n1"))
+	other := st.StartAgent(t, nodeName("n2"))
+	var node models.Node
+	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n1"), map[string]any{"deployment": "d1", "roles": []string{"worker"}}, &node)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	token := agent.Token(t)
+	agent.Stop()
+
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
+	// The claim whose answer is lost.
+	const lease = 2 * time.Second
+	ctx := context.Background()
+	var claimed []models.TaskRun
+	require.Eventually(t, func() bool {
+		var err error
+		claimed, err = st.Store.ClaimWork(ctx, node.ID, lease)
+		require.NoError(t, err)
+		return len(claimed) == 1
+	}, 30*time.Second, 50*time.Millisecond, "the run is dispatched to n1")
+	claimedAt := time.Now()
+	run := claimed[0]
+	require.Equal(t, 1, run.Attempt)
+
+	// Within the lease nothing is offered, even to the node's own agent.
+	var work protocol.WorkResponse
+	status, body = testenv.Call(t, http.MethodGet, st.URL+"/api/v1/agent/work?wait=0s", token, nil, &work)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	assert.Empty(t, work.Runs)
+
+	restartAgent(t, st, agent)
+	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	took := time.Since(claimedAt)
+	t.Logf("claimed run delivered again and finished %s after the lost claim (lease %s)", took.Round(time.Millisecond), lease)
+	assert.Equal(t, models.TxReady, tx.Status)
+	got := runsByKey(t, st, ans.TaskUUID, "")["count@"+nodeName("n1")]
+	assert.Equal(t, contract.RunSucceeded, got.State)
+	assert.Equal(t, 1, got.Attempt, "the same attempt, delivered again")
+	assert.Equal(t, "counted\n", got.StdoutTail)
+	assert.GreaterOrEqual(t, took, lease, "not offered before the lease ran out")
+	assert.Less(t, took, lease+15*time.Second, "offered again soon after the lease ran out (not after the heartbeat timeout)")
+	data, err := os.ReadFile(count)
+	require.NoError(t, err)
+	assert.Equal(t, "ran\n", string(data), "executed exactly once on the node")
+
+	// Delivered: never offered again.
+	again, err := st.Store.ClaimWork(ctx, node.ID, time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, again)
+
+	// Acknowledging or reporting a finished, unknown or foreign run is a 4xx,
+	// and a repeated report changes nothing.
+	call := func(path string, id int64, tok string, body any) (int, string) {
+		status, raw := testenv.Call(t, http.MethodPost, st.URL+fmt.Sprintf(path, id), tok, body, nil)
+		return status, string(raw)
+	}
+	status, raw := call(protocol.PathRunAck, run.ID, token, map[string]any{"attempt": 1})
+	assert.Equal(t, http.StatusConflict, status, raw)
+	assert.Contains(t, raw, "succeeded, not running")
+	status, raw = call(protocol.PathRunAck, run.ID+100000, token, map[string]any{"attempt": 1})
+	assert.Equal(t, http.StatusNotFound, status, raw)
+	status, raw = call(protocol.PathRunAck, run.ID, other.Token(t), map[string]any{"attempt": 1})
+	assert.Equal(t, http.StatusForbidden, status, raw)
+	status, raw = call(protocol.PathRunAck, run.ID, token, map[string]any{})
+	assert.Equal(t, http.StatusBadRequest, status, raw)
+	assert.Contains(t, raw, `"field":"attempt"`)
+	status, raw = call(protocol.PathRunHeartbeat, run.ID, token, map[string]any{"attempt": 2})
+	assert.Equal(t, http.StatusConflict, status, "a heartbeat of a stale attempt: %s", raw)
+	var hb protocol.RunHeartbeatResponse
+	status, rawb := testenv.Call(t, http.MethodPost, st.URL+fmt.Sprintf(protocol.PathRunHeartbeat, run.ID), token, map[string]any{"attempt": 1}, &hb)
+	assert.Equal(t, http.StatusOK, status, "%s", rawb)
+	assert.True(t, hb.Cancel, "a finished run's heartbeat says cancel")
+	status, raw = call(protocol.PathRunResult, run.ID+100000, token, map[string]any{"attempt": 1})
+	assert.Equal(t, http.StatusNotFound, status, raw)
+	status, raw = call(protocol.PathRunResult, run.ID, token, map[string]any{"attempt": 1, "exit_code": 9})
+	assert.Equal(t, http.StatusOK, status, raw)
+	after := runsByKey(t, st, ans.TaskUUID, "")["count@"+nodeName("n1")]
+	assert.Equal(t, contract.RunSucceeded, after.State)
+	require.NotNil(t, after.ExitCode)
+	assert.Equal(t, 0, *after.ExitCode, "a repeated report changes nothing")
+
+	for _, tt := range []struct {
+		path  string
+		body  string
+		field string
+	}{
+		{protocol.PathRunResult, fmt.Sprintf(`{"attempt": %d}`, int64(math.MaxInt32)+1), "attempt"},
+		{protocol.PathRunResult, `{"attempt": 1e30}`, "attempt"},
+		{protocol.PathRunResult, `{"attempt": -3}`, "attempt"},
+		{protocol.PathRunResult, fmt.Sprintf(`{"attempt": 1, "exit_code": %d}`, int64(1)<<40), "exit_code"},
+		{protocol.PathRunResult, `{"attempt": 1, "started_at": "yesterday"}`, "started_at"},
+		{protocol.PathRunResult, `{"attempt": 1, "finished_at": "0001-01-01T00:00:01Z"}`, "finished_at"},
+		{protocol.PathRunAck, fmt.Sprintf(`{"attempt": %d}`, int64(1)<<33), "attempt"},
+		{protocol.PathRunHeartbeat, fmt.Sprintf(`{"attempt": %d}`, int64(1)<<33), "attempt"},
+	} {
+		status, raw := call(tt.path, run.ID, token, tt.body)
+		assert.Equal(t, http.StatusBadRequest, status, "%s %s: %s", tt.path, tt.body, raw)
+		assert.True(t, strings.Contains(raw, `"field":"`+tt.field+`"`), "%s %s names %s: %s", tt.path, tt.body, tt.field, raw)
+	}
+}
