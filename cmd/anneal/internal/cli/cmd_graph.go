@@ -56,7 +56,7 @@ then a summary per node. It exits 0 when the transaction ends ready, 1 when it f
 			if cmd.Flags().Changed("failure-threshold") {
 				body["failure_threshold"] = failThreshold
 			}
-			return a.startAndFollow(ctx, c, "/api/v1/graphs/execute", body, detach)
+			return a.startAndFollow(ctx, c, "/api/v1/graphs/execute", body, detach, nil)
 		},
 	}
 	f := cmd.Flags()
@@ -94,7 +94,7 @@ func (a *app) nodeIDs(ctx context.Context, c *Client, refs []string) ([]int64, e
 
 // startAndFollow posts a request that starts a transaction (202) and
 // follows it, or prints it and returns when detached.
-func (a *app) startAndFollow(ctx context.Context, c *Client, path string, body any, detach bool) error {
+func (a *app) startAndFollow(ctx context.Context, c *Client, path string, body any, detach bool, seen map[int64]string) error {
 	var acc accepted
 	raw, err := c.call(ctx, "POST", path, body, &acc)
 	if err != nil {
@@ -112,7 +112,7 @@ func (a *app) startAndFollow(ctx context.Context, c *Client, path string, body a
 		progress = a.errw
 	}
 	fmt.Fprintf(progress, "transaction %s started (workflow %s)\n", acc.TaskUUID, acc.WorkflowID)
-	return a.follow(ctx, acc.TaskUUID)
+	return a.follow(ctx, acc.TaskUUID, seen)
 }
 
 func (a *app) graphShowCommand() *cobra.Command {

@@ -27,7 +27,7 @@ func (a *app) scenarioRunCommand() *cobra.Command {
 				return err
 			}
 			body := map[string]any{"deployment": dep, "dry_run": dryRun, "force": force}
-			return a.startAndFollow(cmd.Context(), c, "/api/v1/scenarios/"+esc(args[0])+"/execute", body, detach)
+			return a.startAndFollow(cmd.Context(), c, "/api/v1/scenarios/"+esc(args[0])+"/execute", body, detach, nil)
 		},
 	}
 	cmd.Flags().StringVarP(&dep, "deployment", "d", "", "deployment name or id (required)")

@@ -120,7 +120,7 @@ func (a *app) txWatchCommand() *cobra.Command {
 		Args:        cobra.ExactArgs(1),
 		Annotations: fieldFlags("uuid", "the transaction uuid argument"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.follow(cmd.Context(), args[0])
+			return a.follow(cmd.Context(), args[0], nil)
 		},
 	}
 }
@@ -148,7 +148,7 @@ func (a *app) txStopCommand() *cobra.Command {
 				fmt.Fprintf(a.out, "transaction %s stopping\n", args[0])
 				return nil
 			}
-			err = a.follow(cmd.Context(), args[0])
+			err = a.follow(cmd.Context(), args[0], nil)
 			var tx transaction
 			if _, gerr := c.GetJSON(cmd.Context(), "/api/v1/transactions/"+esc(args[0]), &tx); gerr == nil && tx.Status == "stopped" {
 				return nil // what was asked for
@@ -172,7 +172,17 @@ func (a *app) txRetryCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.startAndFollow(cmd.Context(), c, "/api/v1/transactions/"+esc(args[0])+"/retry", nil, detach)
+			// The runs as they ended, so that following shows only what
+			// the retry changes.
+			var before []run
+			if _, err := c.GetJSON(cmd.Context(), "/api/v1/transactions/"+esc(args[0])+"/runs", &before); err != nil {
+				return err
+			}
+			seen := map[int64]string{}
+			for _, r := range before {
+				seen[r.ID] = r.State
+			}
+			return a.startAndFollow(cmd.Context(), c, "/api/v1/transactions/"+esc(args[0])+"/retry", nil, detach, seen)
 		},
 	}
 	cmd.Flags().BoolVar(&detach, "detach", false, "return once it started")

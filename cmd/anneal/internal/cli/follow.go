@@ -22,8 +22,9 @@ type followed struct {
 // progress: one bar per node on a terminal, else one line per run state
 // change (on stderr with -o json, so stdout stays JSON). It then prints a
 // summary per node and returns an error naming the failed runs unless the
-// transaction ended ready.
-func (a *app) follow(ctx context.Context, id string) error {
+// transaction ended ready. seen holds run states already known (a retried
+// transaction's, from before the retry), which are not shown again.
+func (a *app) follow(ctx context.Context, id string, seen map[int64]string) error {
 	c, err := a.api()
 	if err != nil {
 		return err
@@ -32,7 +33,10 @@ func (a *app) follow(ctx context.Context, id string) error {
 	if a.jsonOut() {
 		w = a.errw
 	}
-	r := &renderer{w: w, tty: isTerminal(w), seen: map[int64]string{}}
+	if seen == nil {
+		seen = map[int64]string{}
+	}
+	r := &renderer{w: w, tty: isTerminal(w), seen: seen}
 	var last followed
 	failures := 0
 	tick := time.NewTicker(a.interval)
@@ -189,7 +193,7 @@ func (r *renderer) update(f followed) {
 		r.status = f.tx.Status
 	}
 	for _, run := range f.runs {
-		if run.State == r.seen[run.ID] || (run.State == "pending" && r.seen[run.ID] == "") {
+		if run.State == r.seen[run.ID] || run.State == "pending" {
 			continue
 		}
 		r.seen[run.ID] = run.State
