@@ -334,6 +334,12 @@ func TestCLI(t *testing.T) {
 		assert.Contains(t, r.stdout, "==> fails on "+nodeName("odd"))
 		assert.Contains(t, r.stdout, "about to fail")
 		assert.NotContains(t, r.stdout, "preparing", "--task limits the runs")
+		// Following a transaction that has ended prints its logs and returns.
+		r = cli(t, e, "logs", failedTx, "-f")
+		require.Equal(t, 0, r.code)
+		assert.Contains(t, r.stdout, "==> prepare on "+nodeName("odd"))
+		assert.Contains(t, r.stdout, "about to fail")
+		assert.NotContains(t, r.stdout, "after-fails", "a blocked run has no log")
 		logs := decode[[]struct {
 			Task string `json:"task"`
 			Log  string `json:"log"`
