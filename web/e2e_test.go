@@ -472,15 +472,25 @@ func TestRetryWithTemporalReset(t *testing.T) {
 	assert.Equal(t, contract.RunSucceeded, runs["after-fix@"+nodeName("ctl")].State)
 }
 
-// recordHistories writes the histories of a finished transaction and of
-// its node workflows to workflows/testdata, when ANNEAL_RECORD_HISTORIES is
-// set, for the replay test that guards determinism.
+// recordHistories writes the histories of finished workflows to
+// workflows/testdata, when ANNEAL_RECORD_HISTORIES is set, for the replay
+// test that guards determinism across upgrades. A history already recorded
+// is never written again: new code must replay the old histories as they
+// are, so a new fixture gets a new name.
 func recordHistories(t *testing.T, st *testenv.Stack, workflowIDs map[string]string) {
 	if os.Getenv("ANNEAL_RECORD_HISTORIES") == "" {
 		return
 	}
 	ctx := context.Background()
 	for name, id := range workflowIDs {
+		file := filepath.Join("..", "workflows", "testdata", name+".history.json")
+		if _, err := os.Stat(file); err == nil {
+			t.Logf("%s is recorded already; not re-recorded", file)
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		_ = st.Temporal.GetWorkflow(wctx, id, "").Get(wctx, nil) // closed, whatever its result
+		cancel()
 		iter := st.Temporal.GetWorkflowHistory(ctx, id, "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 		var hist history.History
 		for iter.HasNext() {
@@ -490,7 +500,7 @@ func recordHistories(t *testing.T, st *testenv.Stack, workflowIDs map[string]str
 		}
 		raw, err := protojson.MarshalOptions{Indent: " "}.Marshal(&hist)
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join("..", "workflows", "testdata", name+".history.json"), raw, 0o644))
+		require.NoError(t, os.WriteFile(file, raw, 0o644))
 	}
 }
 

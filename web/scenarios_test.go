@@ -88,6 +88,11 @@ func TestScenarioSelectedByExpression(t *testing.T) {
 	tx := waitDone(t, st, ans.TaskUUID, 90*time.Second)
 	assert.Equal(t, models.TxReady, tx.Status, tx.Error)
 	require.Len(t, tx.Graphs, 2, "the skipped act is not part of the transaction")
+	recordHistories(t, st, map[string]string{
+		"transaction-multi-graph":  ans.WorkflowID,
+		"node-multi-graph-last":    contract.NodeWorkflowID(ans.TaskUUID, nodeName("ctl")),
+		"node-multi-graph-compute": contract.NodeWorkflowID(ans.TaskUUID, nodeName("cmp1")),
+	})
 	assert.Equal(t, "deployment", tx.Graphs[0].Type)
 	assert.Equal(t, []int64{ctlID}, tx.Graphs[1].Nodes)
 	assert.Equal(t, 1, tx.Graphs[1].MaxNodesInFlight)

@@ -97,6 +97,7 @@ exit 0`,
 	assert.Equal(t, "DEPLOY", d.OutputValues["action"])
 	assert.Equal(t, "hello world\n", d.OutputValues["deploy_stdout"])
 	assert.EqualValues(t, 0, d.OutputValues["deploy_status_code"])
+	recordHistories(t, st, map[string]string{"software-deployment": first.WorkflowID})
 
 	// get_attr of the first deployment's output.
 	second := createSoftware(t, st, map[string]any{
