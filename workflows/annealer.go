@@ -20,6 +20,15 @@ const annealerFallback = 5 * time.Minute
 // many rounds (each costs about ten events).
 const annealerRounds = 400
 
+// annealerMaxEvents bounds one run's history however many kicks arrive
+// between rounds (each is an event): past it, or when Temporal suggests
+// it, the annealer continues as new at the top of its next round.
+const annealerMaxEvents = 4000
+
+// versionAnnealerBounded adds that bound (version 1); runs started before
+// it go on counting rounds only, so that their histories replay.
+const versionAnnealerBounded = "annealer-bounded-history"
+
 // Annealer is Crowbar's annealer as one long-lived workflow per
 // installation: each round starts every todo noderole that may run now (its
 // jig active, its snapshot committed, its node alive and available with
@@ -34,7 +43,12 @@ func Annealer(ctx workflow.Context, in contract.AnnealerInput) error {
 	// operator) are looked for at each start and whenever the fallback
 	// timer fires: quiet times, and rare enough to cost nothing.
 	recoverNow := true
+	bounded := workflow.GetVersion(ctx, versionAnnealerBounded, workflow.DefaultVersion, 1) >= 1
 	for round := 0; round < annealerRounds; round++ {
+		if info := workflow.GetInfo(ctx); bounded && (info.GetContinueAsNewSuggested() || info.GetCurrentHistoryLength() > annealerMaxEvents) {
+			log.Info("annealer continues as new", "events", info.GetCurrentHistoryLength(), "suggested", info.GetContinueAsNewSuggested())
+			break
+		}
 		if recoverNow {
 			var ended []int64
 			if err := workflow.ExecuteActivity(stateActivity(ctx), contract.RecoverTransitionsActivity).Get(ctx, &ended); err != nil {

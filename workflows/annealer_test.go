@@ -228,3 +228,45 @@ func TestNodeBootstrap(t *testing.T) {
 	assert.Equal(t, *want, got)
 	env.AssertExpectations(t)
 }
+
+// However many kicks arrive, one run of the annealer stays bounded: when
+// Temporal suggests it, or past annealerMaxEvents, it continues as new at
+// the top of its next round instead of after 400 rounds.
+func TestAnnealerContinuesAsNewWhenSuggested(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(env *testsuite.TestWorkflowEnvironment)
+	}{
+		{"suggested", func(env *testsuite.TestWorkflowEnvironment) { env.SetContinueAsNewSuggested(true) }},
+		{"long history", func(env *testsuite.TestWorkflowEnvironment) { env.SetCurrentHistoryLength(4001) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ts testsuite.WorkflowTestSuite
+			env := ts.NewTestWorkflowEnvironment()
+			workflows.Register(env)
+			var mu sync.Mutex
+			anneals := 0
+			a := &activities.Activities{}
+			env.OnActivity(a.RecoverTransitions, mock.Anything).Return([]int64{}, nil)
+			env.OnActivity(a.Anneal, mock.Anything).Return(func(context.Context) (*contract.AnnealResult, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				anneals++
+				return &contract.AnnealResult{}, nil
+			})
+			// The first round runs; then the history is long (or Temporal
+			// says so), and the next kick ends the run.
+			env.RegisterDelayedCallback(func() {
+				tc.setup(env)
+				env.SignalWorkflow(contract.SignalAnnealerKick, "node n1 bootstrapped")
+			}, time.Minute)
+			env.ExecuteWorkflow(contract.AnnealerWorkflow, contract.AnnealerInput{})
+			require.True(t, env.IsWorkflowCompleted())
+			var cont *workflow.ContinueAsNewError
+			require.ErrorAs(t, env.GetWorkflowError(), &cont)
+			mu.Lock()
+			defer mu.Unlock()
+			assert.Equal(t, 1, anneals, "it continued as new before a second round")
+		})
+	}
+}

@@ -10,12 +10,14 @@ import (
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
-// graphResult sums up the node workflows of one graph.
-type graphResult struct {
-	contract.NodeResult
-	lost    []string // nodes whose workflow ended abnormally
-	aborted string   // why the failure threshold stopped the graph
-}
+// Workflow changes guarded by workflow.GetVersion, so that executions
+// started by an older worker replay on this one (see README, Upgrading).
+const (
+	// versionGraphChild runs each graph of a transaction as a GraphRun child
+	// workflow (version 1) rather than inline (DefaultVersion), so that the
+	// Transaction's history grows with its graphs, not with nodes × graphs.
+	versionGraphChild = "graph-run-child"
+)
 
 // Transaction runs a transaction's graphs one after another: each graph is
 // planned by an activity, then executed by one child workflow per node. A
@@ -23,6 +25,7 @@ type graphResult struct {
 // dispatching, lets running tasks finish, and records what never ran.
 func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.TransactionOutcome, error) {
 	log := workflow.GetLogger(ctx)
+	graphChild := workflow.GetVersion(ctx, versionGraphChild, workflow.DefaultVersion, 1) >= 1
 	stopped, failReason := false, ""
 	for gi := 0; gi < in.Graphs; gi++ {
 		ref := contract.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi}
@@ -40,17 +43,26 @@ func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.
 		if gp.DryRun {
 			continue
 		}
-		res := runGraph(ctx, in, gi, &gp)
+		var res contract.GraphResult
+		if graphChild {
+			res, err = runGraphChild(ctx, contract.GraphInput{TransactionInput: in, GraphIndex: gi, Plan: gp})
+			if err != nil && ctx.Err() == nil {
+				failReason = fmt.Sprintf("graph %q: its workflow ended abnormally: %s", gp.GraphType, rootMessage(err))
+				break
+			}
+		} else {
+			res = runGraph(ctx, in, gi, &gp)
+		}
 		if ctx.Err() != nil {
 			stopped = true
 			break
 		}
-		if len(res.lost) > 0 {
-			failReason = fmt.Sprintf("graph %q: the workflows of node(s) %v ended abnormally", gp.GraphType, res.lost)
+		if len(res.Lost) > 0 {
+			failReason = fmt.Sprintf("graph %q: the workflows of node(s) %v ended abnormally", gp.GraphType, res.Lost)
 			break
 		}
-		if res.aborted != "" {
-			failReason = fmt.Sprintf("graph %q: %s", gp.GraphType, res.aborted)
+		if res.Aborted != "" {
+			failReason = fmt.Sprintf("graph %q: %s", gp.GraphType, res.Aborted)
 			break
 		}
 		if res.Failed > 0 || res.Blocked > 0 {
@@ -71,9 +83,30 @@ func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.
 	return &out, nil
 }
 
+// runGraphChild runs one graph as a GraphRun child workflow and waits for
+// it; cancelling the transaction cancels it, and it stops its nodes.
+func runGraphChild(ctx workflow.Context, in contract.GraphInput) (contract.GraphResult, error) {
+	cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+		WorkflowID:          contract.GraphWorkflowID(in.TransactionID, in.GraphIndex),
+		WaitForCancellation: true,
+		StaticSummary: fmt.Sprintf("graph %d (%s) of transaction %s: %d node(s), %d run(s)",
+			in.GraphIndex, in.Plan.GraphType, in.TransactionID, len(in.Plan.Nodes), in.Plan.Runs),
+	})
+	var res contract.GraphResult
+	err := workflow.ExecuteChildWorkflow(cctx, contract.GraphWorkflow, in).Get(ctx, &res)
+	return res, err
+}
+
+// GraphRun runs one graph of a transaction: a NodeRun child per planned
+// node (see runGraph). Its history grows with the graph's nodes only.
+func GraphRun(ctx workflow.Context, in contract.GraphInput) (*contract.GraphResult, error) {
+	res := runGraph(ctx, in.TransactionInput, in.GraphIndex, &in.Plan)
+	return &res, nil
+}
+
 // runGraph starts a node workflow per planned node, at most
 // MaxNodesInFlight at a time, and waits for all of them.
-func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *contract.GraphPlan) graphResult {
+func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *contract.GraphPlan) contract.GraphResult {
 	limit := gp.MaxNodesInFlight
 	if limit <= 0 {
 		limit = contract.DefaultMaxNodesInFlight
@@ -87,7 +120,7 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 	gctx, abort := workflow.WithCancel(ctx)
 	defer abort()
 	failedNodes := 0
-	var res graphResult
+	var res contract.GraphResult
 	sel := workflow.NewSelector(ctx)
 	inFlight := 0
 	for _, node := range gp.Nodes {
@@ -115,8 +148,8 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 			var r contract.NodeResult
 			err := f.Get(ctx, &r)
 			defer func() {
-				if res.aborted == "" && failedNodes*100 > threshold*len(gp.Nodes) {
-					res.aborted = fmt.Sprintf("%d of %d nodes failed, over the failure threshold of %d%%: the other nodes were stopped",
+				if res.Aborted == "" && failedNodes*100 > threshold*len(gp.Nodes) {
+					res.Aborted = fmt.Sprintf("%d of %d nodes failed, over the failure threshold of %d%%: the other nodes were stopped",
 						failedNodes, len(gp.Nodes), threshold)
 					abort()
 				}
@@ -135,7 +168,7 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 			failedNodes++
 			// The node's workflow died (terminated, timed out, a bug): fail
 			// what it left so that nothing waits for it forever.
-			res.lost = append(res.lost, node.Name)
+			res.Lost = append(res.Lost, node.Name)
 			dctx, cancel := workflow.NewDisconnectedContext(ctx)
 			defer cancel()
 			abandon := contract.NodeAbandon{

@@ -41,6 +41,7 @@ func runOnNode(ctx, actx workflow.Context, jig any, input any) error {
 // Register registers the workflows on a worker under their readable names.
 func Register(r worker.WorkflowRegistry) {
 	r.RegisterWorkflowWithOptions(Transaction, workflow.RegisterOptions{Name: contract.TransactionWorkflow})
+	r.RegisterWorkflowWithOptions(GraphRun, workflow.RegisterOptions{Name: contract.GraphWorkflow})
 	r.RegisterWorkflowWithOptions(NodeRun, workflow.RegisterOptions{Name: contract.NodeWorkflow})
 	r.RegisterWorkflowWithOptions(SoftwareDeployment, workflow.RegisterOptions{Name: contract.SoftwareDeploymentWorkflow})
 	r.RegisterWorkflowWithOptions(Annealer, workflow.RegisterOptions{Name: contract.AnnealerWorkflow})

@@ -87,5 +87,5 @@ var ActivityNames = []string{
 // WorkflowNames lists every workflow type name, for the test that checks
 // the worker registers exactly these.
 var WorkflowNames = []string{
-	TransactionWorkflow, NodeWorkflow, SoftwareDeploymentWorkflow, AnnealerWorkflow, NodeRoleWorkflow, NodeBootstrapWorkflow,
+	TransactionWorkflow, GraphWorkflow, NodeWorkflow, SoftwareDeploymentWorkflow, AnnealerWorkflow, NodeRoleWorkflow, NodeBootstrapWorkflow,
 }

@@ -14,6 +14,8 @@ const (
 	TransactionWorkflow = "Transaction"
 	// NodeWorkflow runs one node's tasks of one graph.
 	NodeWorkflow = "NodeRun"
+	// GraphWorkflow runs one graph of a transaction: a NodeRun per node.
+	GraphWorkflow = "GraphRun"
 )
 
 // SignalRunsFinished carries RunsFinished from one node workflow to another.
@@ -21,6 +23,12 @@ const SignalRunsFinished = "runs-finished"
 
 // TransactionWorkflowID is the workflow ID of a transaction: tx-<uuid>.
 func TransactionWorkflowID(txID string) string { return "tx-" + txID }
+
+// GraphWorkflowID is the workflow ID of one graph of a transaction:
+// tx-<uuid>/graph-<index> (a node name is an FQDN, so never graph-<n>).
+func GraphWorkflowID(txID string, graphIndex int) string {
+	return fmt.Sprintf("tx-%s/graph-%d", txID, graphIndex)
+}
 
 // NodeWorkflowID is the workflow ID of a node's share of a transaction:
 // tx-<uuid>/<node>.
@@ -96,6 +104,23 @@ type NodeInput struct {
 	NodeID              int64  `json:"node_id"`
 	NodeName            string `json:"node_name"`
 	HeartbeatTimeoutSec int    `json:"heartbeat_timeout_sec,omitempty"`
+}
+
+// GraphInput starts a GraphRun workflow: the transaction, the graph's index
+// and its plan (as PlanGraph returned it).
+type GraphInput struct {
+	TransactionInput
+	GraphIndex int       `json:"graph_index"`
+	Plan       GraphPlan `json:"plan"`
+}
+
+// GraphResult sums up the node workflows of one graph.
+type GraphResult struct {
+	NodeResult
+	// Lost names the nodes whose workflow ended abnormally.
+	Lost []string `json:"lost,omitempty"`
+	// Aborted says why the failure threshold stopped the graph.
+	Aborted string `json:"aborted,omitempty"`
 }
 
 // NodeResult counts how a node's runs ended.
