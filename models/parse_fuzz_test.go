@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -85,7 +86,7 @@ func checkTasksError(t *testing.T, tasks []plan.Task, err error) {
 	if !errors.As(err, &ve) || ve.Field == "" || ve.Reason == "" {
 		t.Fatalf("task validation error %#v names no field", err)
 	}
-	if ve.Task != "" && !strings.Contains(err.Error(), ve.Task) {
+	if ve.Task != "" && !strings.Contains(err.Error(), strconv.Quote(ve.Task)) {
 		t.Fatalf("task validation error %q does not mention task %q", err, ve.Task)
 	}
 	if ve.Task == "" && ve.Field != "id" {
