@@ -3,6 +3,7 @@
 //	go run ./dev up     [--nodes N]         bring the whole system up until Ctrl-C
 //	go run ./dev test   [go test args...]   run the whole test suite on real services
 //	go run ./dev bench  [--nodes N --tasks M]  measure a graph against bare Temporal
+//	go run ./dev fuzz   [--time 20s] [pkgs...]  run each fuzz target for a while
 //
 // It finds or starts Postgres and the Temporal dev server (see package
 // devenv) and keeps its state under .dev/ at the module root.
@@ -25,6 +26,7 @@ commands:
   up      start Postgres, Temporal (+ Web UI), the worker and API, and simulated nodes
   test    run the whole test suite (go test -race ./...) on a real Postgres and Temporal
   bench   run a graph on simulated nodes and compare with bare Temporal
+  fuzz    run each fuzz target (go test -fuzz) for --time (default 20s), then a summary
 `
 
 func main() {
@@ -49,6 +51,8 @@ func main() {
 		err = test(ctx, root, state, args, log)
 	case "bench":
 		err = bench(ctx, root, state, args, log)
+	case "fuzz":
+		err = fuzz(ctx, root, state, args, log)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -171,6 +171,13 @@ func ParseRelease(body []byte, contentType string) (*models.ReleaseSpec, error) 
 	if err := dec.Decode(&spec); err != nil {
 		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed release YAML: " + err.Error()}
 	}
+	// The release is stored and answered as JSON: YAML's non-string mapping
+	// keys ({1: x}) and .nan/.inf cannot be, and would fail the import with a
+	// 500 (found by FuzzParseRelease).
+	if _, err := json.Marshal(spec); err != nil {
+		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body",
+			Reason: "release YAML is not representable as JSON (mapping keys must be strings, numbers finite): " + err.Error()}
+	}
 	return &spec, nil
 }
 

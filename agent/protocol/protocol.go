@@ -145,6 +145,38 @@ type RunResult struct {
 // Succeeded reports whether the run counts as a success.
 func (r RunResult) Succeeded() bool { return r.ExitCode == 0 && r.Error == "" }
 
+// FieldError is a decoded message whose field holds a value the protocol
+// refuses; Field is the JSON name, so the API can answer 400 naming it.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+// Error renders "field: reason".
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// Validate checks what JSON decoding lets through: times that RFC 3339
+// cannot write back (encoding/json reads a zone offset of +24:00 or more,
+// which time.Time then refuses to marshal, found by FuzzRunResult) and
+// attrs that are not a JSON object. Errors are *FieldError.
+func (r RunResult) Validate() error {
+	for _, f := range []struct {
+		name string
+		t    time.Time
+	}{{"started_at", r.StartedAt}, {"finished_at", r.FinishedAt}} {
+		if _, err := f.t.MarshalJSON(); err != nil {
+			return &FieldError{Field: f.name, Reason: fmt.Sprintf("is not a representable time: %v", err)}
+		}
+	}
+	if r.Attrs != nil {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(r.Attrs, &obj); err != nil || obj == nil {
+			return &FieldError{Field: "attrs", Reason: "must be a JSON object"}
+		}
+	}
+	return nil
+}
+
 // ErrorBody is the API's error envelope: {"error": {...}}.
 type ErrorBody struct {
 	Error ErrorDetail `json:"error"`
@@ -311,6 +343,12 @@ func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 			if i, err := n.Int64(); err == nil {
 				v = i
 			} else if f, err := n.Float64(); err == nil {
+				// -0.0 reads as float -0, which encodes as "-0" and reads
+				// back as integer 0; take it as 0 now so a signal encodes
+				// the same after a round trip (found by FuzzSoftwareSignal).
+				if f == 0 {
+					f = 0
+				}
 				v = f
 			}
 		}

@@ -25,16 +25,24 @@ func isInstanceTag(tag string) bool {
 	return strings.IndexByte(tag, ':') >= 0
 }
 
-// compileRegex compiles the body of a "/regex/" entry anchored at the start
-// of the tag, like Python's re.match in the Fuel TagsResolver (a prefix match:
-// "/contr/" matches "controller"; add "$" to match the whole tag). The syntax
-// is Go's RE2, not Python's: lookarounds and backreferences are rejected.
-// The raw body is compiled first so that errors quote what the user wrote.
+// compileRegex compiles the body of a "/regex/" entry. It is matched at the
+// start of the tag, like Python's re.match in the Fuel TagsResolver (a prefix
+// match: "/contr/" matches "controller"; add "$" to match the whole tag), by
+// matchPrefix. The syntax is Go's RE2, not Python's: lookarounds and
+// backreferences are rejected.
+//
+// The body is not wrapped as "^(?:body)" to anchor it: a body with an
+// unterminated \Q quotes the wrapper's closing parenthesis, so a valid
+// regex such as `\Qa` would be refused (found by FuzzResolves).
 func compileRegex(body string) (*regexp.Regexp, error) {
-	if _, err := regexp.Compile(body); err != nil {
-		return nil, err
-	}
-	return regexp.Compile(`^(?:` + body + `)`)
+	return regexp.Compile(body)
+}
+
+// matchPrefix reports whether re matches a prefix of s: the leftmost match
+// starts at 0 exactly when some match does.
+func matchPrefix(re *regexp.Regexp, s string) bool {
+	loc := re.FindStringIndex(s)
+	return loc != nil && loc[0] == 0
 }
 
 // regexCache memoises compiled selector regexes for Resolves and AppliesTo,
@@ -47,7 +55,7 @@ var regexCache struct {
 
 const regexCacheCap = 4096
 
-// cachedRegex returns the compiled, anchored regex for body, or nil when it
+// cachedRegex returns the compiled regex for body, or nil when it
 // does not compile (Validate reports those; resolution treats them as
 // matching nothing).
 func cachedRegex(body string) *regexp.Regexp {
@@ -97,7 +105,7 @@ func Resolves(selector []string, nodeTags []string) bool {
 			continue
 		}
 		for _, tag := range nodeTags {
-			if !isInstanceTag(tag) && re.MatchString(tag) {
+			if !isInstanceTag(tag) && matchPrefix(re, tag) {
 				return true
 			}
 		}
@@ -129,7 +137,7 @@ type matcher struct {
 	any   bool             // "*" present
 	self  bool             // "self" present (filters only)
 	plain []string         // exact entries
-	res   []*regexp.Regexp // "/regex/" entries, anchored
+	res   []*regexp.Regexp // "/regex/" entries, matched by matchPrefix
 }
 
 // newMatcher compiles a selector; allowSelf makes "self" special (only in
@@ -180,7 +188,7 @@ func (m *matcher) matches(nodeTags []string) bool {
 			continue
 		}
 		for _, re := range m.res {
-			if re.MatchString(tag) {
+			if matchPrefix(re, tag) {
 				return true
 			}
 		}
@@ -205,7 +213,7 @@ func (m *matcher) selecting(nodeTags []string) []string {
 			continue
 		}
 		for _, re := range m.res {
-			if re.MatchString(tag) {
+			if matchPrefix(re, tag) {
 				out = append(out, tag)
 				break
 			}

@@ -212,7 +212,7 @@ func (g *graph) resolveName(name string, self int) ([]int, error) {
 	}
 	var out []int
 	for j, t := range g.tasks {
-		if j != self && re.MatchString(t.ID) {
+		if j != self && matchPrefix(re, t.ID) {
 			out = append(out, j)
 		}
 	}
