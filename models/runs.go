@@ -205,6 +205,10 @@ var latestReport = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 // checkResult range-checks an agent's report before it reaches Postgres, so
 // that a value that does not fit is a 400 naming its field, not a 500.
 func checkResult(res protocol.RunResult) error {
+	var fe *protocol.FieldError
+	if err := res.Validate(); errors.As(err, &fe) {
+		return &InputError{Status: http.StatusBadRequest, Field: fe.Field, Reason: fe.Reason}
+	}
 	if err := checkAttempt(res.Attempt, false); err != nil {
 		return err
 	}

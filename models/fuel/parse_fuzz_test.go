@@ -1,8 +1,8 @@
-package models_test
+package fuel_test
 
 // Fuzz targets for the pure parsing and validation of releases, graphs and
 // scenarios. They call exported functions only (web.ParseRelease,
-// models.ParseScenarioYAML, models.ValidateGraphType, models.GraphInput,
+// fuel.ParseScenarioYAML, fuel.ValidateGraphType, fuel.GraphInput,
 // models.RedundantRequirements, plan.Validate), so the file keeps
 // compiling when these move, by changing the imports.
 
@@ -21,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/plan"
 	"github.com/anneal-dev/anneal/web"
 )
@@ -53,7 +54,7 @@ func within(t *testing.T, what string, fn func()) {
 // moved example is noticed.
 func sampleFiles(f *testing.F, pattern string) [][]byte {
 	f.Helper()
-	paths, err := filepath.Glob(filepath.Join("..", pattern))
+	paths, err := filepath.Glob(filepath.Join("..", "..", pattern))
 	if err != nil || len(paths) == 0 {
 		f.Fatalf("no sample files %s (%v)", pattern, err)
 	}
@@ -155,16 +156,16 @@ func FuzzParseRelease(f *testing.F) {
 }
 
 // FuzzGraphInput decodes graph bodies as PUT .../graphs/:type does (strict
-// JSON into models.GraphInput) and validates the type and the tasks. A
+// JSON into fuel.GraphInput) and validates the type and the tasks. A
 // refused graph names the field; an accepted one encodes and decodes to
 // the same JSON and validates the same way again.
 func FuzzGraphInput(f *testing.F) {
 	for _, b := range sampleFiles(f, "scenarios/graphs/*.yaml") {
-		var doc models.BuiltinGraphDoc
+		var doc fuel.BuiltinGraphDoc
 		if err := yaml.Unmarshal(b, &doc); err != nil {
 			f.Fatalf("built-in graph: %v", err)
 		}
-		body, err := json.Marshal(models.GraphInput{Type: doc.Type, Name: &doc.Name, Tasks: doc.Tasks, Metadata: doc.Metadata})
+		body, err := json.Marshal(fuel.GraphInput{Type: doc.Type, Name: &doc.Name, Tasks: doc.Tasks, Metadata: doc.Metadata})
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -179,13 +180,13 @@ func FuzzGraphInput(f *testing.F) {
 		if len(body) > fuzzMaxInput {
 			return
 		}
-		if err := models.ValidateGraphType(graphType); err != nil {
+		if err := fuel.ValidateGraphType(graphType); err != nil {
 			var ie *models.InputError
 			if !errors.As(err, &ie) || ie.Field != "type" {
 				t.Fatalf("graph type error %#v does not name the field type", err)
 			}
 		}
-		var in models.GraphInput
+		var in fuel.GraphInput
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&in); err != nil {
@@ -199,7 +200,7 @@ func FuzzGraphInput(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded graph does not encode: %v", err)
 		}
-		var back models.GraphInput
+		var back fuel.GraphInput
 		dec = json.NewDecoder(bytes.NewReader(out))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&back); err != nil {
@@ -235,7 +236,7 @@ func FuzzParseScenarioYAML(f *testing.F) {
 			return
 		}
 		within(t, "parsing the scenario", func() {
-			in, err := models.ParseScenarioYAML(doc)
+			in, err := fuel.ParseScenarioYAML(doc)
 			if err != nil {
 				checkBodyError(t, err)
 				return
@@ -244,7 +245,7 @@ func FuzzParseScenarioYAML(f *testing.F) {
 			if err != nil {
 				t.Fatalf("an accepted scenario does not encode as JSON: %v", err)
 			}
-			back, err := models.ParseScenarioYAML(out)
+			back, err := fuel.ParseScenarioYAML(out)
 			if err != nil {
 				t.Fatalf("the scenario's JSON does not parse: %v\n%s", err, out)
 			}

@@ -1,4 +1,4 @@
-package audrey_test
+package aeolus_test
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/anneal-dev/anneal/models/audrey"
+	"github.com/anneal-dev/anneal/models/audrey/aeolus"
 )
 
 // bound is far above what parsing and checking a fuzz input takes (well
@@ -44,8 +44,8 @@ func within(t *testing.T, what string, fn func()) {
 // Errors each naming a field.
 func checkParseError(t *testing.T, data []byte, err error) {
 	t.Helper()
-	var se *audrey.SyntaxError
-	var errs audrey.Errors
+	var se *aeolus.SyntaxError
+	var errs aeolus.Errors
 	switch {
 	case errors.As(err, &se):
 		if se.Msg == "" {
@@ -61,7 +61,7 @@ func checkParseError(t *testing.T, data []byte, err error) {
 	}
 }
 
-func checkErrors(t *testing.T, errs audrey.Errors) {
+func checkErrors(t *testing.T, errs aeolus.Errors) {
 	t.Helper()
 	if len(errs) == 0 {
 		t.Fatalf("empty Errors returned as an error")
@@ -103,9 +103,9 @@ func FuzzParseDeployable(f *testing.F) {
 }
 
 func checkDeployable(t *testing.T, data []byte, asYAML bool) {
-	parse := audrey.ParseXML
+	parse := aeolus.ParseXML
 	if asYAML {
-		parse = audrey.ParseYAML
+		parse = aeolus.ParseYAML
 	}
 	doc, err := parse(data)
 	if err != nil {
@@ -117,7 +117,7 @@ func checkDeployable(t *testing.T, data []byte, asYAML bool) {
 	if err != nil {
 		t.Fatalf("a parsed document does not encode as YAML: %v", err)
 	}
-	back, err := audrey.ParseYAML(out)
+	back, err := aeolus.ParseYAML(out)
 	if err != nil {
 		t.Fatalf("the document's YAML does not parse: %v\n%s", err, out)
 	}
@@ -125,8 +125,8 @@ func checkDeployable(t *testing.T, data []byte, asYAML bool) {
 		t.Fatalf("YAML round trip changed the document:\n%s\n%s", out, again)
 	}
 
-	errs := audrey.Validate(doc)
-	if got := audrey.Validate(back); len(got) != len(errs) {
+	errs := aeolus.Validate(doc)
+	if got := aeolus.Validate(back); len(got) != len(errs) {
 		t.Fatalf("Validate finds %d problems in the document and %d in its round trip", len(errs), len(got))
 	}
 	if len(errs) > 0 {
@@ -134,39 +134,39 @@ func checkDeployable(t *testing.T, data []byte, asYAML bool) {
 		return
 	}
 	n := 0
-	instances := audrey.BuildInstances(doc, "dep-1", func() string { n++; return fmt.Sprintf("inst-%d", n) })
+	instances := aeolus.BuildInstances(doc, "dep-1", func() string { n++; return fmt.Sprintf("inst-%d", n) })
 	if len(instances) != len(doc.Deployable.Assemblies) {
 		t.Fatalf("%d instances for %d deployable assemblies", len(instances), len(doc.Deployable.Assemblies))
 	}
-	if errs := audrey.ValidateInstances(instances); len(errs) > 0 {
+	if errs := aeolus.ValidateInstances(instances); len(errs) > 0 {
 		checkErrors(t, errs)
-		if cycle := audrey.FindCycle(instances); cycle != nil && (len(cycle) < 2 || cycle[0] != cycle[len(cycle)-1]) {
+		if cycle := aeolus.FindCycle(instances); cycle != nil && (len(cycle) < 2 || cycle[0] != cycle[len(cycle)-1]) {
 			t.Fatalf("cycle %q is not closed", cycle)
 		}
 		return
 	}
-	if cycle := audrey.FindCycle(instances); cycle != nil {
+	if cycle := aeolus.FindCycle(instances); cycle != nil {
 		t.Fatalf("ValidateInstances accepted instances with the cycle %q", cycle)
 	}
 	names := map[string]bool{}
 	for _, ic := range instances {
 		names[ic.Name] = true
 	}
-	for _, e := range audrey.Edges(instances) {
+	for _, e := range aeolus.Edges(instances) {
 		if !names[e.From] || !names[e.To] || e.Provided == "" {
 			t.Fatalf("edge %+v does not join two instances by a provided parameter", e)
 		}
 	}
 	for i := range instances {
 		ic := &instances[i]
-		res := audrey.Resolve(instances, i, audrey.Replies{})
+		res := aeolus.Resolve(instances, i, aeolus.Replies{})
 		if len(res.Services) != len(ic.Services) {
 			t.Fatalf("resolution of %s has %d services, its config %d", ic.Name, len(res.Services), len(ic.Services))
 		}
-		_ = audrey.ResolvedConfigXML(res)
-		got, err := audrey.ParseInstanceConfig(audrey.InstanceConfigXML(ic))
+		_ = aeolus.ResolvedConfigXML(res)
+		got, err := aeolus.ParseInstanceConfig(aeolus.InstanceConfigXML(ic))
 		if err != nil {
-			t.Fatalf("the config of instance %s does not parse back: %v\n%s", ic.Name, err, audrey.InstanceConfigXML(ic))
+			t.Fatalf("the config of instance %s does not parse back: %v\n%s", ic.Name, err, aeolus.InstanceConfigXML(ic))
 		}
 		if !reflect.DeepEqual(normalize(*got), normalize(*ic)) {
 			t.Fatalf("the config of instance %s changed in its XML round trip:\n%#v\n%#v", ic.Name, *ic, *got)
@@ -176,7 +176,7 @@ func checkDeployable(t *testing.T, data []byte, asYAML bool) {
 
 // normalize makes empty and absent lists compare equal: XML cannot tell
 // them apart.
-func normalize(ic audrey.InstanceConfig) audrey.InstanceConfig {
+func normalize(ic aeolus.InstanceConfig) aeolus.InstanceConfig {
 	if len(ic.Provided) == 0 {
 		ic.Provided = nil
 	}
@@ -200,13 +200,13 @@ func normalize(ic audrey.InstanceConfig) audrey.InstanceConfig {
 // /configs/:uuid): errors name a line or a field; an accepted config
 // renders to a document that parses back to the same config.
 func FuzzParseInstanceConfig(f *testing.F) {
-	doc, err := audrey.ParseXML([]byte(shopXML))
+	doc, err := aeolus.ParseXML([]byte(shopXML))
 	if err != nil {
 		f.Fatal(err)
 	}
 	n := 0
-	for _, ic := range audrey.BuildInstances(doc, "dep-1", func() string { n++; return fmt.Sprintf("inst-%d", n) }) {
-		f.Add(audrey.InstanceConfigXML(&ic))
+	for _, ic := range aeolus.BuildInstances(doc, "dep-1", func() string { n++; return fmt.Sprintf("inst-%d", n) }) {
+		f.Add(aeolus.InstanceConfigXML(&ic))
 	}
 	f.Add([]byte(`<instance-config id="i" type="t" name="n"><services><service name="s" allow-partial="yes"><parameter name="p"><value>1</value><reference provided-parameter="x"/></parameter></service></services></instance-config>`))
 	f.Add([]byte(`<instance-config id="i" type="t" name="n"><provided-parameters><provided-parameter name="a"/><provided-parameter name="a"/></provided-parameters></instance-config>`))
@@ -217,13 +217,13 @@ func FuzzParseInstanceConfig(f *testing.F) {
 			return
 		}
 		within(t, "ParseInstanceConfig", func() {
-			ic, err := audrey.ParseInstanceConfig(data)
+			ic, err := aeolus.ParseInstanceConfig(data)
 			if err != nil {
 				checkParseError(t, data, err)
 				return
 			}
-			out := audrey.InstanceConfigXML(ic)
-			back, err := audrey.ParseInstanceConfig(out)
+			out := aeolus.InstanceConfigXML(ic)
+			back, err := aeolus.ParseInstanceConfig(out)
 			if err != nil {
 				t.Fatalf("a rendered config does not parse: %v\n%s", err, out)
 			}
@@ -237,7 +237,7 @@ func FuzzParseInstanceConfig(f *testing.F) {
 // FuzzParseReply reads PUT /reply bodies: errors name a line or a field; an
 // accepted reply renders (ReplyXML) to a body that reads back the same.
 func FuzzParseReply(f *testing.F) {
-	f.Add(audrey.ReplyXML(map[string]string{"db_host": "10.0.0.5", "db_port": "5432"}, []string{"db_host", "db_port"}))
+	f.Add(aeolus.ReplyXML(map[string]string{"db_host": "10.0.0.5", "db_port": "5432"}, []string{"db_host", "db_port"}))
 	f.Add([]byte(`<provided-parameters><provided-parameter name="a"><value><![CDATA[x]]>y</value></provided-parameter></provided-parameters>`))
 	f.Add([]byte(`<provided-parameters><provided-parameter name="a"/></provided-parameters>`))
 	f.Add([]byte(`<provided-parameters><provided-parameter name="a"><value>1</value></provided-parameter><provided-parameter name="a"><value>2</value></provided-parameter></provided-parameters>`))
@@ -249,7 +249,7 @@ func FuzzParseReply(f *testing.F) {
 			return
 		}
 		within(t, "ParseReply", func() {
-			values, order, err := audrey.ParseReply(data)
+			values, order, err := aeolus.ParseReply(data)
 			if err != nil {
 				checkParseError(t, data, err)
 				return
@@ -257,8 +257,8 @@ func FuzzParseReply(f *testing.F) {
 			if len(order) != len(values) {
 				t.Fatalf("order %q does not list the %d values", order, len(values))
 			}
-			out := audrey.ReplyXML(values, order)
-			values2, order2, err := audrey.ParseReply(out)
+			out := aeolus.ReplyXML(values, order)
+			values2, order2, err := aeolus.ParseReply(out)
 			if err != nil {
 				t.Fatalf("a rendered reply does not parse: %v\n%s", err, out)
 			}
