@@ -16,6 +16,7 @@ import (
 	"go.temporal.io/sdk/mocks"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/anneal-dev/anneal/activities"
@@ -208,7 +209,7 @@ func TestRunTaskOnNodeCompletesWhenTheAgentReports(t *testing.T) {
 	}{{"success", 0}, {"failure", 3}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var ts testsuite.WorkflowTestSuite
-			env := ts.NewTestWorkflowEnvironment()
+			env := loadedEnv(&ts)
 			runs := newFakeRuns(pendingRun())
 			env.RegisterActivity(&activities.Activities{Runs: runs, Log: quiet})
 			env.RegisterWorkflow(runTaskWorkflow)
@@ -269,7 +270,7 @@ func TestRetriedRunTaskOnNodeDoesNotRunTwice(t *testing.T) {
 // the activity for good after a few attempts, instead of retrying forever.
 func TestMissingTransactionFailsAfterAFewAttempts(t *testing.T) {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := loadedEnv(&ts)
 	plans := &fakePlans{err: models.NotFound("transaction", "T")}
 	env.RegisterActivity(&activities.Activities{Plans: plans, Log: quiet})
 	wf := func(ctx workflow.Context, ref contract.GraphRef) error {
@@ -344,4 +345,14 @@ func TestBootstrapNodeErrors(t *testing.T) {
 		assert.Equal(t, "n1.anneal.test", res.Node)
 		tc.AssertExpectations(t)
 	})
+}
+
+// loadedEnv is a workflow test environment whose deadlock detector allows
+// for a loaded machine: the suite runs beside Temporal, Postgres and agents
+// on two cores, where a workflow goroutine may wait past the default 1 s
+// for the CPU without being stuck.
+func loadedEnv(ts *testsuite.WorkflowTestSuite) *testsuite.TestWorkflowEnvironment {
+	env := ts.NewTestWorkflowEnvironment()
+	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute})
+	return env
 }

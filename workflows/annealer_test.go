@@ -39,7 +39,7 @@ func (f *noderoleFake) record(call string) {
 
 func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnvironment {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := loadedEnv(&ts)
 	workflows.Register(env)
 	a := &activities.Activities{}
 	env.OnActivity(a.PrepareNodeRoleRun, mock.Anything, mock.Anything).Return(
@@ -160,7 +160,7 @@ type annealerFake struct {
 
 func TestAnnealerRoundsAndKicks(t *testing.T) {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := loadedEnv(&ts)
 	workflows.Register(env)
 	f := &annealerFake{full: 2}
 	a := &activities.Activities{}
@@ -215,7 +215,7 @@ func TestAnnealerRoundsAndKicks(t *testing.T) {
 
 func TestNodeBootstrap(t *testing.T) {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := loadedEnv(&ts)
 	workflows.Register(env)
 	a := &activities.Activities{}
 	want := &contract.BootstrapResult{Node: "n1", Flag: models.FlagDiscovery, NodeRoles: []int64{1, 2}, Roles: []string{"os", "dns"}}
@@ -242,7 +242,7 @@ func TestAnnealerContinuesAsNewWhenSuggested(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var ts testsuite.WorkflowTestSuite
-			env := ts.NewTestWorkflowEnvironment()
+			env := loadedEnv(&ts)
 			workflows.Register(env)
 			var mu sync.Mutex
 			anneals := 0

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/suite"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 
 	"github.com/anneal-dev/anneal/activities"
 	"github.com/anneal-dev/anneal/workflows"
@@ -252,8 +253,8 @@ type suiteBase struct {
 }
 
 func (s *suiteBase) newEnv() (*testsuite.TestWorkflowEnvironment, *fake) {
-	env := s.NewTestWorkflowEnvironment()
-	env.SetTestTimeout(5 * time.Second)
+	env := loadedEnv(&s.WorkflowTestSuite)
+	env.SetTestTimeout(30 * time.Second)
 	// A workflow that never ends (waiting for ever, auto-skipping its
 	// timers) fails the test at once instead of spinning.
 	env.SetWorkflowRunTimeout(24 * time.Hour)
@@ -285,4 +286,14 @@ func nodePlan(remote map[int64]string, runs ...contract.NodeRun) *contract.NodeP
 		np.Runs = append(np.Runs, pending(r))
 	}
 	return np
+}
+
+// loadedEnv is a workflow test environment whose deadlock detector allows
+// for a loaded machine: the suite runs beside Temporal, Postgres and agents
+// on two cores, where a workflow goroutine may wait past the default 1 s
+// for the CPU without being stuck.
+func loadedEnv(ts *testsuite.WorkflowTestSuite) *testsuite.TestWorkflowEnvironment {
+	env := ts.NewTestWorkflowEnvironment()
+	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute})
+	return env
 }

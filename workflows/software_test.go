@@ -28,7 +28,7 @@ type softwareFake struct {
 
 func newSoftwareEnv(t *testing.T, f *softwareFake) *testsuite.TestWorkflowEnvironment {
 	var ts testsuite.WorkflowTestSuite
-	env := ts.NewTestWorkflowEnvironment()
+	env := loadedEnv(&ts)
 	workflows.Register(env)
 	a := &activities.Activities{}
 	env.OnActivity(a.PrepareSoftwareRound, mock.Anything, mock.Anything).Return(
