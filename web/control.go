@@ -26,6 +26,13 @@ func (s *Server) stopTransaction(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	txn, ended, err := s.reconcileTransaction(ctx, txn)
+	if err != nil {
+		return err
+	}
+	if ended {
+		return &models.ConflictError{Reason: fmt.Sprintf("transaction %s had already ended: %s", id, txn.Error)}
+	}
 	if txn.Status != models.TxPending && txn.Status != models.TxRunning {
 		return &models.ConflictError{Reason: fmt.Sprintf("transaction %s is %s: there is nothing to stop", id, txn.Status)}
 	}
@@ -46,6 +53,15 @@ func (s *Server) retryTransaction(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
+	// A transaction whose workflow ended behind anneal's back is ended
+	// first, so that it can be retried.
+	current, err := s.fuel.Transaction(ctx, id)
+	if err != nil {
+		return err
+	}
+	if _, _, err := s.reconcileTransaction(ctx, current); err != nil {
+		return err
+	}
 	txn, err := s.fuel.ReopenTransaction(ctx, id, func(txn *fuel.Transaction) error {
 		// The transaction row says it ended a moment before its workflow
 		// closes: wait for the previous run to close first.

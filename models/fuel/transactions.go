@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
@@ -384,4 +385,64 @@ func (s *Store) ReopenTransaction(ctx context.Context, id uuid.UUID, start func(
 		return nil, err
 	}
 	return &txn, nil
+}
+
+// UnfinishedTransactions lists the transactions still pending or running
+// that were created before the given age: those a reconciler checks
+// against their workflow.
+func (s *Store) UnfinishedTransactions(ctx context.Context, olderThan time.Duration) ([]Transaction, error) {
+	var out []Transaction
+	err := s.DB.WithContext(ctx).Select("id", "status", "workflow_id", "created_at").
+		Where("status IN ? AND created_at < ?", []string{models.TxPending, models.TxRunning}, models.Now().Add(-olderThan)).
+		Order("created_at").Limit(1000).Find(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("list unfinished transactions: %w", err)
+	}
+	return out, nil
+}
+
+// EndAbandonedTransaction ends a transaction whose workflow Temporal ended
+// without it (terminated, timed out, failed, or gone): in one database
+// transaction its running runs fail and its pending ones are cancelled,
+// each with reason, its nodes' progress ends (so they are free for other
+// work), and the transaction goes to status (TxError, or TxStopped for a
+// workflow that was cancelled) with reason. A transaction that already
+// ended is left as it is: the answer's Changed says which.
+func (s *Store) EndAbandonedTransaction(ctx context.Context, id uuid.UUID, status, reason string) (*Transaction, bool, error) {
+	var txn Transaction
+	changed := false
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				return models.NotFound("transaction", id)
+			}
+			return fmt.Errorf("load transaction %s: %w", id, err)
+		}
+		if txn.Status != models.TxPending && txn.Status != models.TxRunning {
+			return nil
+		}
+		now := models.Now()
+		if err := tx.Exec(`UPDATE nodes SET progress = 100, updated_at = ? WHERE progress < 100 AND id IN
+(SELECT DISTINCT node_id FROM task_runs WHERE transaction_id = ? AND state IN ?)`,
+			now, id, []string{contract.RunPending, contract.RunRunning}).Error; err != nil {
+			return fmt.Errorf("free the nodes of transaction %s: %w", id, err)
+		}
+		for state, newState := range map[string]string{contract.RunRunning: contract.RunFailed, contract.RunPending: contract.RunCancelled} {
+			if err := tx.Model(&models.TaskRun{}).Where("transaction_id = ? AND state = ?", id, state).Updates(map[string]any{
+				"state": newState, "error": reason, "finished_at": now, "updated_at": now,
+			}).Error; err != nil {
+				return fmt.Errorf("end the %s runs of transaction %s: %w", state, id, err)
+			}
+		}
+		txn.Status, txn.Error, txn.FinishedAt = status, reason, &now
+		if err := tx.Model(&txn).Select("status", "error", "finished_at").Updates(&txn).Error; err != nil {
+			return fmt.Errorf("end transaction %s: %w", id, err)
+		}
+		changed = true
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return &txn, changed, nil
 }

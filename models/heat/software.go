@@ -988,3 +988,17 @@ func (s *Store) SetAcceptForeignConfigs(ctx context.Context, ref string, accept 
 	}
 	return s.Node(ctx, strconv.FormatInt(node.ID, 10))
 }
+
+// UnfinishedSoftwareRounds lists the software deployments whose current
+// round is still WAITING or IN_PROGRESS and was last touched before the
+// given age: those a reconciler checks against their workflow.
+func (s *Store) UnfinishedSoftwareRounds(ctx context.Context, olderThan time.Duration) ([]SoftwareDeployment, error) {
+	var out []SoftwareDeployment
+	err := s.DB.WithContext(ctx).Select("id", "round", "status", "workflow_id", "node_id").
+		Where("status IN ? AND updated_at < ?", []string{contract.SoftwareWaiting, contract.SoftwareInProgress}, models.Now().Add(-olderThan)).
+		Order("id").Limit(1000).Find(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("list unfinished software deployments: %w", err)
+	}
+	return out, nil
+}

@@ -114,6 +114,7 @@ func Run(ctx context.Context, cfg Config) error {
 			HeartbeatTimeoutSec: cfg.HeartbeatTimeoutSec, AckLease: cfg.AckLease, Log: cfg.Log,
 		})
 		g.Go(func() error { return api.Run(ctx, cfg.APIAddr) })
+		g.Go(func() error { api.RunReconciler(ctx, reconcilePeriod); return nil })
 		cfg.Log.Info("API listening", "url", "http://"+cfg.APIAddr)
 	}
 	g.Go(func() error { watchLiveness(ctx, store, cfg.Log); return nil })
@@ -143,6 +144,10 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, heartbea
 	})
 	return w
 }
+
+// reconcilePeriod is how often the API process looks for transactions and
+// software deployments whose workflow Temporal ended behind anneal's back.
+const reconcilePeriod = 30 * time.Second
 
 // Liveness: agents heartbeat every 10s; a node not heard from for three
 // heartbeats is not alive.
