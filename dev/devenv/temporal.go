@@ -512,3 +512,14 @@ func (t *Temporal) Close() error {
 	})
 	return t.closeErr
 }
+
+// Kill ends a dev server this process started with SIGKILL (no graceful
+// shutdown), for fault injection; EnsureTemporal with the same options
+// starts it again on its persisted DBFile. It is an error for a server this
+// process did not start.
+func (t *Temporal) Kill() error {
+	if t == nil || t.proc == nil {
+		return errors.New("kill the Temporal server: not started by this process")
+	}
+	return t.proc.Kill()
+}
