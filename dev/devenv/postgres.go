@@ -278,6 +278,16 @@ func isExecutable(path string) bool {
 	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
 }
 
+// EnsurePrivatePostgres is EnsurePostgres with ANNEAL_DEV_PG=private: it
+// ignores DATABASE_URL and 127.0.0.1:5432 and uses (creating or starting it)
+// the private cluster under stateDir. log may be nil.
+func EnsurePrivatePostgres(ctx context.Context, stateDir string, log *slog.Logger) (*Postgres, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return ensurePrivatePostgres(ctx, stateDir, log)
+}
+
 // ensurePrivatePostgres initializes (once) and starts (unless running) the
 // private cluster of stateDir.
 func ensurePrivatePostgres(ctx context.Context, stateDir string, log *slog.Logger) (*Postgres, error) {
