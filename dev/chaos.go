@@ -367,6 +367,7 @@ type chaosResult struct {
 	executed int // lines in the node files
 	twice    int // (node, task) pairs executed more than once
 	lost     int // (node, task) pairs never executed
+	retried  int // runs the API shows with more than one attempt
 	status   string
 	counts   map[string]int
 	txError  string
@@ -462,6 +463,10 @@ func (h *chaosHarness) run(ctx context.Context, scenario string) chaosResult {
 		return r
 	}
 	r.status, r.counts, r.txError = status.Status, status.Counts, status.Error
+	if r.retried, err = h.retriedRuns(ctx, r.tx); err != nil {
+		r.err = err
+		return r
+	}
 	// A task whose agent died runs on by itself: give it time to finish
 	// writing before counting.
 	sleepCtx(ctx, h.cfg.taskTime+time.Second)
@@ -555,6 +560,25 @@ func (h *chaosHarness) nodeWithRunningTask(ctx context.Context, tx string) (stri
 			return "", ctx.Err()
 		}
 	}
+}
+
+// retriedRuns counts the transaction's runs dispatched more than once: a
+// run whose claim or report was lost and that its retries ran again shows
+// up here even when the table shows nothing lost.
+func (h *chaosHarness) retriedRuns(ctx context.Context, tx string) (int, error) {
+	var runs []struct {
+		Attempt int `json:"attempt"`
+	}
+	if _, err := h.api.call(ctx, http.MethodGet, "/api/v1/transactions/"+tx+"/runs", "", nil, &runs); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, run := range runs {
+		if run.Attempt > 1 {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // chaosTxStatus is the part of GET /transactions/:uuid chaos reads.
@@ -689,21 +713,21 @@ func printChaosTable(w *os.File, cfg chaosConfig, results []chaosResult) {
 	fmt.Fprintf(w, "\nanneal chaos: %d nodes x %d tasks (retries %d, heartbeat timeout %ds, task %s, killed at %.0f%%, down %s)\n",
 		cfg.nodes, cfg.tasks, cfg.retries, cfg.heartbeatSec, cfg.taskTime, cfg.killAt*100, cfg.down)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scenario\truns expected\texecuted\texecuted twice\tlost\tfinal status\trecovery")
+	fmt.Fprintln(tw, "scenario\truns expected\texecuted\texecuted twice\tlost\tretried\tfinal status\trecovery")
 	for _, r := range results {
 		switch {
 		case r.skipped != "":
-			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\tskipped\t-\n", r.scenario, r.expected)
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\tskipped\t-\n", r.scenario, r.expected)
 			continue
 		case r.err != nil:
-			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\tharness error\t-\n", r.scenario, r.expected)
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\tharness error\t-\n", r.scenario, r.expected)
 			continue
 		}
 		rec := "none"
 		if r.recovery >= 0 {
 			rec = r.recovery.Round(100 * time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", r.scenario, r.expected, r.executed, r.twice, r.lost, r.status, rec)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.scenario, r.expected, r.executed, r.twice, r.lost, r.retried, r.status, rec)
 	}
 	tw.Flush()
 	var notes []string
