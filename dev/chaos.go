@@ -23,6 +23,7 @@ import (
 
 // The fault scenarios of `dev chaos`, in the order they run.
 const (
+	chaosNone       = "none"        // the control: nothing is killed
 	chaosCombined   = "worker+api"  // SIGKILL the process serving the worker and the API
 	chaosAPIOnly    = "api-only"    // split processes; SIGKILL the API-only one (-no-worker)
 	chaosWorkerOnly = "worker-only" // split processes; SIGKILL the worker-only one (no -api)
@@ -31,7 +32,7 @@ const (
 	chaosPostgres   = "postgres"    // restart the private Postgres cluster
 )
 
-var chaosScenarios = []string{chaosCombined, chaosAPIOnly, chaosWorkerOnly, chaosAgent, chaosTemporal, chaosPostgres}
+var chaosScenarios = []string{chaosNone, chaosCombined, chaosAPIOnly, chaosWorkerOnly, chaosAgent, chaosTemporal, chaosPostgres}
 
 // chaosConfig is what the flags of `dev chaos` say.
 type chaosConfig struct {
@@ -492,6 +493,9 @@ func (h *chaosHarness) inject(ctx context.Context, scenario, tx string, r *chaos
 		return nil
 	}
 	switch scenario {
+	case chaosNone:
+		r.killed = "nothing (control)"
+		return "", nil
 	case chaosCombined:
 		if err := kill(h.combined); err != nil {
 			return "", err
