@@ -4,6 +4,9 @@
 //	go run ./dev test   [go test args...]   run the whole test suite on real services
 //	go run ./dev bench  [--nodes N --tasks M]  measure a graph against bare Temporal
 //	go run ./dev fuzz   [--time 20s] [pkgs...]  run each fuzz target for a while
+//	go run ./dev replay [--since 168h]      replay a running installation's executions on this code
+//	go run ./dev chaos  [--nodes N --tasks M]  kill processes mid-transaction, count lost and doubled runs
+//	go run ./dev search-attributes [--address --namespace]  register anneal's search attributes
 //
 // It finds or starts Postgres and the Temporal dev server (see package
 // devenv) and keeps its state under .dev/ at the module root.
@@ -27,6 +30,11 @@ commands:
   test    run the whole test suite (go test -race ./...) on a real Postgres and Temporal
   bench   run a graph on simulated nodes and compare with bare Temporal
   fuzz    run each fuzz target (go test -fuzz) for --time (default 20s), then a summary
+  replay  replay the open and recently closed executions of a running installation
+          against this checkout's workflow code; exits 1 naming any that would break
+  chaos   start a stack, kill its processes mid-transaction, and count lost and doubled runs
+  search-attributes
+          register anneal's custom search attributes on a Temporal namespace (idempotent)
 `
 
 func main() {
@@ -53,6 +61,12 @@ func main() {
 		err = bench(ctx, root, state, args, log)
 	case "fuzz":
 		err = fuzz(ctx, root, state, args, log)
+	case "replay":
+		err = replayCmd(ctx, state, args, log)
+	case "chaos":
+		err = chaos(ctx, root, state, args, log)
+	case "search-attributes":
+		err = searchAttributesCmd(ctx, state, args, log)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -278,6 +278,16 @@ func isExecutable(path string) bool {
 	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
 }
 
+// EnsurePrivatePostgres is EnsurePostgres with ANNEAL_DEV_PG=private: it
+// ignores DATABASE_URL and 127.0.0.1:5432 and uses (creating or starting it)
+// the private cluster under stateDir. log may be nil.
+func EnsurePrivatePostgres(ctx context.Context, stateDir string, log *slog.Logger) (*Postgres, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return ensurePrivatePostgres(ctx, stateDir, log)
+}
+
 // ensurePrivatePostgres initializes (once) and starts (unless running) the
 // private cluster of stateDir.
 func ensurePrivatePostgres(ctx context.Context, stateDir string, log *slog.Logger) (*Postgres, error) {
@@ -511,6 +521,32 @@ func (p *Postgres) Close() error {
 		return fmt.Errorf("stop the private PostgreSQL cluster in %s: %w: %s", p.DataDir, err, strings.TrimSpace(out.String()))
 	}
 	p.logger().Info("stopped the private PostgreSQL cluster", "data_dir", p.DataDir)
+	return nil
+}
+
+// Restart restarts a private cluster (pg_ctl restart -m fast: sessions are
+// ended, the server comes back on the same port with the same options),
+// for fault injection. Only a private cluster can be restarted: another
+// server is not dev's to bounce.
+func (p *Postgres) Restart(ctx context.Context) error {
+	if p == nil || p.Source != PostgresPrivate {
+		return errors.New("restart PostgreSQL: only a private cluster (under the state directory) can be restarted")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cmd := p.tools.command(ctx, "pg_ctl", "restart", "-m", "fast", "-w", "-t", "60", "-D", p.DataDir)
+	lf, err := os.OpenFile(p.LogFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("restart the private PostgreSQL cluster: open log file: %w", err)
+	}
+	defer lf.Close()
+	// The restarted server inherits these descriptors, like at start.
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr.Setpgid = true
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("restart the private PostgreSQL cluster in %s: %w; last lines of %s:\n%s",
+			p.DataDir, err, p.LogFile, fileTail(p.LogFile, 0, 20))
+	}
 	return nil
 }
 

@@ -185,6 +185,16 @@ func TestPrivateCluster(t *testing.T) {
 	require.NoError(t, err)
 	execSQL(t, dsn, "CREATE TABLE kept (id int)")
 
+	// Restart bounces it: a session is ended, the data and the URL stay.
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	require.NoError(t, pg.Restart(ctx))
+	_, err = conn.Exec(ctx, "SELECT 1")
+	require.Error(t, err, "the old session was ended by the restart")
+	assert.Equal(t, 0, query[int](t, dsn, "SELECT count(*)::int FROM kept"))
+	assert.True(t, pg.StartedHere(), "still ours to stop")
+
 	// A second call finds it running and does not own it.
 	pg2, err := devenv.EnsurePostgres(ctx, stateDir, log)
 	require.NoError(t, err)
@@ -214,6 +224,13 @@ func TestPrivateCluster(t *testing.T) {
 	b, err := os.ReadFile(pg.LogFile)
 	require.NoError(t, err)
 	assert.Equal(t, 1, strings.Count(string(b), "anneal: initdb"), "initdb ran once")
+}
+
+func TestRestartOnlyAPrivateCluster(t *testing.T) {
+	pg := &devenv.Postgres{URL: "postgres://x@127.0.0.1:5432/postgres", Source: devenv.PostgresLocal}
+	err := pg.Restart(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "only a private cluster")
 }
 
 func TestEnsurePostgresBadMode(t *testing.T) {

@@ -346,3 +346,31 @@ func lockFile(ctx context.Context, path string, onWait func()) (func(), error) {
 		}
 	}
 }
+
+// Kill sends SIGKILL to the process's whole group, as a crash or `kill -9`
+// would, and waits until the process has exited (up to 10s). It is for
+// fault injection; Stop is the graceful way. After Kill, Stop does nothing.
+func (p *Proc) Kill() error {
+	var err error
+	p.stopOnce.Do(func() {
+		pgid := p.Pid()
+		if e := syscall.Kill(-pgid, syscall.SIGKILL); e != nil && !errors.Is(e, syscall.ESRCH) {
+			err = fmt.Errorf("kill %s: send SIGKILL to process group %d: %w", p.name, pgid, e)
+			return
+		}
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			err = fmt.Errorf("kill %s: process %d still running 10s after SIGKILL", p.name, pgid)
+		}
+		p.waitGroupGone(pgid, time.Second)
+	})
+	if err == nil {
+		select {
+		case <-p.done:
+		default:
+			return fmt.Errorf("kill %s: already being stopped", p.name)
+		}
+	}
+	return err
+}

@@ -147,3 +147,22 @@ func TestStartProcMissingBinary(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "nope")
 }
+
+func TestProcKill(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("inspects /proc")
+	}
+	p, grandchild, _ := startTree(t, true) // ignores SIGTERM: Kill must not need it
+	start := time.Now()
+	require.NoError(t, p.Kill())
+	assert.Less(t, time.Since(start), 2*time.Second, "SIGKILL at once, no grace")
+	select {
+	case <-p.Done():
+	default:
+		t.Fatal("Done not closed after Kill")
+	}
+	require.Error(t, p.Err())
+	assert.Contains(t, p.Err().Error(), "killed")
+	assert.False(t, alive(grandchild), "grandchild %d survived", grandchild)
+	require.NoError(t, p.Stop(time.Second), "Stop after Kill")
+}

@@ -16,9 +16,12 @@ import (
 	"sync"
 	"time"
 
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	sdklog "go.temporal.io/sdk/log"
+
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // TemporalCLIVersion is the version of the Temporal CLI whose dev server the
@@ -197,12 +200,18 @@ type TemporalOptions struct {
 	// StartTimeout bounds the wait for a started server to be healthy.
 	// Default 60s.
 	StartTimeout time.Duration
+	// SearchAttributes are custom search attributes (name and type) that
+	// EnsureTemporal registers on the namespace, whatever the server's
+	// source, if missing (see RegisterSearchAttributes).
+	SearchAttributes map[string]enumspb.IndexedValueType
 }
 
 // DefaultTemporalOptions returns the options of the dev tool's persistent
-// server: the CLI's usual ports, state in <stateDir>/temporal.db.
+// server: the CLI's usual ports, state in <stateDir>/temporal.db, and
+// anneal's custom search attributes (contract.SearchAttributes).
 func DefaultTemporalOptions(stateDir string) TemporalOptions {
-	return TemporalOptions{StateDir: stateDir, Port: DefaultTemporalPort, UIPort: DefaultTemporalUIPort}
+	return TemporalOptions{StateDir: stateDir, Port: DefaultTemporalPort, UIPort: DefaultTemporalUIPort,
+		SearchAttributes: contract.SearchAttributes()}
 }
 
 // Where a Temporal came from (Temporal.Source).
@@ -246,11 +255,44 @@ type Temporal struct {
 //     described. A server that exits or stays unhealthy for StartTimeout
 //     yields an error carrying the tail of its log.
 //
+// Then the custom search attributes of opts are registered if missing.
 // log may be nil.
 func EnsureTemporal(ctx context.Context, opts TemporalOptions, log *slog.Logger) (*Temporal, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	t, err := ensureTemporal(ctx, opts, log)
+	if err != nil || len(opts.SearchAttributes) == 0 {
+		return t, err
+	}
+	if err := t.registerSearchAttributes(ctx, opts.SearchAttributes, log); err != nil {
+		_ = t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// registerSearchAttributes registers attrs on the server's namespace.
+func (t *Temporal) registerSearchAttributes(ctx context.Context, attrs map[string]enumspb.IndexedValueType, log *slog.Logger) error {
+	c, err := client.DialContext(ctx, client.Options{
+		HostPort: t.Address, Namespace: t.Namespace,
+		Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler)),
+	})
+	if err != nil {
+		return fmt.Errorf("connect to Temporal at %s: %w", t.Address, err)
+	}
+	defer c.Close()
+	added, err := RegisterSearchAttributes(ctx, c, t.Namespace, attrs)
+	if err != nil {
+		return fmt.Errorf("Temporal at %s: %w", t.Address, err)
+	}
+	if len(added) > 0 {
+		log.Info("registered custom search attributes", "namespace", t.Namespace, "added", strings.Join(added, ","))
+	}
+	return nil
+}
+
+func ensureTemporal(ctx context.Context, opts TemporalOptions, log *slog.Logger) (*Temporal, error) {
 	if addr := os.Getenv(EnvTemporalAddress); addr != "" {
 		hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		defer cancel()
@@ -469,4 +511,15 @@ func (t *Temporal) Close() error {
 		}
 	})
 	return t.closeErr
+}
+
+// Kill ends a dev server this process started with SIGKILL (no graceful
+// shutdown), for fault injection; EnsureTemporal with the same options
+// starts it again on its persisted DBFile. It is an error for a server this
+// process did not start.
+func (t *Temporal) Kill() error {
+	if t == nil || t.proc == nil {
+		return errors.New("kill the Temporal server: not started by this process")
+	}
+	return t.proc.Kill()
 }
