@@ -22,9 +22,16 @@ import (
 // workflows that are gone, saying what happened and how to retry; stop and
 // retry do the same for their transaction before they answer.
 
-// reconcileGrace is how old an unfinished row must be before the periodic
-// reconciler looks at it: younger ones are still starting.
-const reconcileGrace = time.Minute
+// defaultReconcileGrace is how old an unfinished row must be before the
+// periodic reconciler looks at it: younger ones are still starting.
+const defaultReconcileGrace = time.Minute
+
+func (s *Server) reconcileGrace() time.Duration {
+	if s.cfg.ReconcileGrace > 0 {
+		return s.cfg.ReconcileGrace
+	}
+	return defaultReconcileGrace
+}
 
 // workflowGone says whether the latest run of a workflow has closed (or
 // does not exist), and how, as a lower-case word: "terminated",
@@ -79,7 +86,7 @@ func (s *Server) reconcileTransaction(ctx context.Context, txn *fuel.Transaction
 // a reason that says what happened and how to retry. (Noderoles in
 // transition whose run is gone are the annealer's: see RecoverTransitions.)
 func (s *Server) Reconcile(ctx context.Context) error {
-	txns, err := s.fuel.UnfinishedTransactions(ctx, reconcileGrace)
+	txns, err := s.fuel.UnfinishedTransactions(ctx, s.reconcileGrace())
 	if err != nil {
 		return err
 	}
@@ -88,7 +95,7 @@ func (s *Server) Reconcile(ctx context.Context) error {
 			return err
 		}
 	}
-	rounds, err := s.heat.UnfinishedSoftwareRounds(ctx, reconcileGrace)
+	rounds, err := s.heat.UnfinishedSoftwareRounds(ctx, s.reconcileGrace())
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,11 @@ type Config struct {
 	// acknowledgement before it is offered again (0: models.DefaultAckLease).
 	// It must stay below the heartbeat timeout.
 	AckLease time.Duration
-	Log      *slog.Logger
+	// ReconcileGrace is how old an unfinished transaction or software
+	// deployment must be before Reconcile checks its workflow (0: a
+	// minute): younger ones may still be starting.
+	ReconcileGrace time.Duration
+	Log            *slog.Logger
 }
 
 // Server serves the API.

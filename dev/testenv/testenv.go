@@ -130,8 +130,11 @@ type Stack struct {
 	DatabaseURL string
 	Temporal    client.Client
 	TaskQueue   string
-	worker      worker.Worker
-	log         *slog.Logger
+	// API is the API server, for tests that call what its process runs in
+	// the background (Reconcile).
+	API    *web.Server
+	worker worker.Worker
+	log    *slog.Logger
 	// heartbeatTimeoutSec is handed to the worker's noderole runs.
 	heartbeatTimeoutSec int
 }
@@ -155,8 +158,9 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	t.Cleanup(st.StopWorker)
 	api := web.New(web.Config{
 		Store: store, Temporal: tc, TaskQueue: queue, DatabaseURL: dbURL,
-		HeartbeatTimeoutSec: opts.HeartbeatTimeoutSec, Log: log,
+		HeartbeatTimeoutSec: opts.HeartbeatTimeoutSec, Log: log, ReconcileGrace: time.Second,
 	})
+	st.API = api
 	ctx, cancel := context.WithCancel(context.Background())
 	api.StartListener(ctx)
 	srv := httptest.NewServer(api.Handler())
