@@ -56,6 +56,7 @@ type Runs interface {
 	RunStates(ctx context.Context, ids []int64) (map[int64]string, error)
 	AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeID int64, reason string) error
 	SucceedNoOp(ctx context.Context, runID int64) error
+	RunDelivery(ctx context.Context, runID int64) (*contract.RunDelivery, error)
 }
 
 // Plans is what they need of Fuel's transactions: planning a graph, a
@@ -210,6 +211,12 @@ func (a *Activities) RecordRunFailure(ctx context.Context, f contract.RunFailure
 // CancelRuns marks runs that never started as cancelled.
 func (a *Activities) CancelRuns(ctx context.Context, in contract.RunsToCancel) error {
 	return a.Runs.CancelRuns(ctx, in.RunIDs, in.Reason)
+}
+
+// RunDelivery reads how far a run got towards its agent: a workflow whose
+// RunTaskOnNode timed out asks it whether the agent ever had the run.
+func (a *Activities) RunDelivery(ctx context.Context, runID int64) (*contract.RunDelivery, error) {
+	return a.Runs.RunDelivery(ctx, runID)
 }
 
 // CheckRunStates reads runs' states: the fallback when a wake-up from

@@ -94,6 +94,9 @@ func (f *fakeRuns) RunStates(context.Context, []int64) (map[int64]string, error)
 }
 func (f *fakeRuns) AbandonNodeRuns(context.Context, uuid.UUID, int, int64, string) error { return nil }
 func (f *fakeRuns) SucceedNoOp(context.Context, int64) error                             { return nil }
+func (f *fakeRuns) RunDelivery(context.Context, int64) (*contract.RunDelivery, error) {
+	return nil, nil
+}
 
 // fakePlans answers every planning call with err (a missing transaction,
 // say), counting the calls.

@@ -41,6 +41,7 @@ type chaosConfig struct {
 	killAt                              float64
 	scenarios                           []string
 	postgres                            string
+	database                            string // the database the stack uses (reset first)
 }
 
 // chaos starts a whole stack of real processes (Postgres, a Temporal dev
@@ -62,6 +63,7 @@ func chaos(ctx context.Context, root, state string, args []string, log *slog.Log
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "how long a scenario's transaction may take to end")
 	fs.Float64Var(&cfg.killAt, "kill-at", 0.3, "kill when this fraction of the runs has executed")
 	list := fs.String("scenarios", strings.Join(chaosScenarios, ","), "comma-separated scenarios to run, in this order: "+strings.Join(chaosScenarios, ", "))
+	cfg.database = "anneal_chaos"
 	fs.StringVar(&cfg.postgres, "postgres", "private", `"private": a private cluster under .dev/chaos-pg that dev owns, so it may restart it; "auto": dev's usual choice (the postgres scenario is skipped unless that is a private cluster)`)
 	if err := fs.Parse(args); err != nil {
 		return flagError(err)
@@ -157,7 +159,7 @@ func newChaosHarness(ctx context.Context, root, state string, cfg chaosConfig, l
 	if h.pg.Source != devenv.PostgresPrivate {
 		h.pgSkip = fmt.Sprintf("Postgres is the %s server (%s), not a private cluster dev owns; run with --postgres private", h.pg.Source, redactURL(h.pg.URL))
 	}
-	if h.dbURL, err = h.pg.ResetDatabase(ctx, "anneal_chaos"); err != nil {
+	if h.dbURL, err = h.pg.ResetDatabase(ctx, cfg.database); err != nil {
 		return h, err
 	}
 

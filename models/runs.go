@@ -470,3 +470,21 @@ func (s *Store) RejectRebootRun(ctx context.Context, runID int64, reason string)
 	}
 	return nil
 }
+
+// RunDelivery says how far a run got towards its node's agent: its state,
+// its attempt, and whether the agent acknowledged that attempt.
+func (s *Store) RunDelivery(ctx context.Context, runID int64) (*contract.RunDelivery, error) {
+	var row struct {
+		State   string
+		Attempt int
+		AckedAt *time.Time
+	}
+	res := s.DB.WithContext(ctx).Model(&TaskRun{}).Select("state", "attempt", "acked_at").Where("id = ?", runID).Take(&row)
+	if errors.Is(res.Error, gorm.ErrRecordNotFound) {
+		return nil, NotFound("run", runID)
+	}
+	if res.Error != nil {
+		return nil, fmt.Errorf("load the delivery of run %d: %w", runID, res.Error)
+	}
+	return &contract.RunDelivery{State: row.State, Attempt: row.Attempt, Acked: row.AckedAt != nil}, nil
+}

@@ -46,6 +46,9 @@ type fake struct {
 	loadErr    map[int64]error // LoadNodePlan failure by node id
 	// runTask decides how RunTaskOnNode ends; nil means success.
 	runTask func(ctx context.Context, in contract.RunTaskInput) error
+	// delivery answers RunDelivery; nil means the agent acknowledged the
+	// run (a timeout is then the run's failure).
+	delivery func(runID int64) contract.RunDelivery
 	// checkStates answers CheckRunStates; call counts from 1.
 	checkStates func(call int, ids []int64) map[int64]string
 
@@ -151,6 +154,14 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 			f.record(fmt.Sprintf("cancel %v", rc.RunIDs), func() { f.cancels = append(f.cancels, rc) })
 			return nil
 		})
+	env.OnActivity(a.RunDelivery, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, runID int64) (*contract.RunDelivery, error) {
+			if f.delivery == nil {
+				return &contract.RunDelivery{State: contract.RunRunning, Attempt: 1, Acked: true}, nil
+			}
+			d := f.delivery(runID)
+			return &d, nil
+		}).Maybe()
 	env.OnActivity(a.CheckRunStates, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, ids []int64) (map[int64]string, error) {
 			var call int

@@ -187,6 +187,51 @@ func (s *NodeSuite) TestLostAgentRecordsFailure() {
 	}
 }
 
+// A RunTaskOnNode that timed out before any agent acknowledged its run (the
+// worker died holding the activity, before it dispatched) is delivered
+// again without spending the task's retries (0 here); one the agent had
+// is the run's failure (TestLostAgentRecordsFailure); and a run no agent
+// ever takes fails after a few deliveries, saying so.
+func (s *NodeSuite) TestUndeliveredRunIsDeliveredAgain() {
+	s.Run("delivered on the third try", func() {
+		env, f := s.newEnv()
+		f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 1}, contract.NodeRun{ID: 2, Parents: []int64{1}})
+		calls := 0
+		f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
+			if in.RunID == 1 {
+				calls++
+				if calls < 3 {
+					return temporal.NewTimeoutError(enums.TIMEOUT_TYPE_HEARTBEAT, nil)
+				}
+			}
+			return nil
+		}
+		f.delivery = func(int64) contract.RunDelivery { return contract.RunDelivery{State: contract.RunPending} }
+		env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
+		s.Require().True(env.IsWorkflowCompleted())
+		s.Require().NoError(env.GetWorkflowError())
+		s.Equal([]int64{1, 1, 1, 2}, f.runIDs())
+		s.Empty(f.failures)
+		s.Equal(contract.NodeResult{Succeeded: 2}, s.result(env))
+	})
+	s.Run("never delivered", func() {
+		env, f := s.newEnv()
+		f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 1})
+		f.runTask = func(context.Context, contract.RunTaskInput) error {
+			return temporal.NewTimeoutError(enums.TIMEOUT_TYPE_HEARTBEAT, nil)
+		}
+		f.delivery = func(int64) contract.RunDelivery {
+			return contract.RunDelivery{State: contract.RunRunning, Attempt: 3}
+		}
+		env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
+		s.Require().True(env.IsWorkflowCompleted())
+		s.Require().NoError(env.GetWorkflowError())
+		s.Len(f.runIDs(), 6, "the first delivery and five more")
+		s.Require().NotEmpty(f.failures)
+		s.Contains(f.failures[0].Reason, "never reached the agent of node-a after 6 deliveries")
+	})
+}
+
 // A run with a remote parent is not dispatched until a RunsFinished signal
 // says that parent succeeded; the node's other runs do not wait for it.
 func (s *NodeSuite) TestRemoteParentSignalSuccess() {

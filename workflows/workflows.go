@@ -8,6 +8,7 @@ package workflows
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -22,17 +23,50 @@ import (
 // long as the activity waits: a node runs one thing at a time.
 const nodeBusyPause = 10 * time.Second
 
+// versionRedeliver makes runOnNode run a task again, without counting it
+// against the task's retries, when its activity timed out before any agent
+// acknowledged the run (version 1): the worker died holding the activity,
+// before it dispatched, and the task never reached its node.
+const versionRedeliver = "redeliver-undelivered"
+
+// maxRedeliveries bounds those: a node whose agent never takes its work
+// fails the run, saying so, instead of holding the transaction for ever.
+const maxRedeliveries = 5
+
 // runOnNode executes a jig activity, again after a pause for as long as it
 // answers that the node is busy (nothing was dispatched then), so that the
-// wait counts against neither the run's time limit nor its retries.
-func runOnNode(ctx, actx workflow.Context, jig any, input any) error {
+// wait counts against neither the run's time limit nor its retries; and
+// again when the agent jig's activity timed out before any agent
+// acknowledged the run (see versionRedeliver).
+func runOnNode(ctx, actx workflow.Context, jig string, input contract.RunTaskInput) error {
+	redelivered := 0
 	for {
 		err := workflow.ExecuteActivity(actx, jig, input).Get(ctx, nil)
 		var appErr *temporal.ApplicationError
-		if !errors.As(err, &appErr) || appErr.Type() != contract.ErrTypeNodeBusy {
-			return err
-		}
-		if err := workflow.Sleep(ctx, nodeBusyPause); err != nil {
+		var timeout *temporal.TimeoutError
+		switch {
+		case errors.As(err, &appErr) && appErr.Type() == contract.ErrTypeNodeBusy:
+			if err := workflow.Sleep(ctx, nodeBusyPause); err != nil {
+				return err
+			}
+		case jig == contract.RunTaskOnNodeActivity && errors.As(err, &timeout) && ctx.Err() == nil &&
+			workflow.GetVersion(ctx, versionRedeliver, workflow.DefaultVersion, 1) >= 1:
+			var d contract.RunDelivery
+			if derr := workflow.ExecuteLocalActivity(stateRead(ctx), contract.RunDeliveryActivity, input.RunID).Get(ctx, &d); derr != nil {
+				return err
+			}
+			if d.Acked || (d.State != contract.RunPending && d.State != contract.RunRunning) {
+				return err // the agent had it: the timeout is the run's failure
+			}
+			if redelivered >= maxRedeliveries {
+				return temporal.NewNonRetryableApplicationError(fmt.Sprintf(
+					"the run never reached the agent of %s after %d deliveries, each ending in %s (is the agent running?)",
+					input.Node, redelivered+1, rootMessage(err)), contract.ErrTypeUndelivered, nil)
+			}
+			redelivered++
+			workflow.GetLogger(ctx).Warn("run never reached its agent; delivering it again",
+				"run", input.RunID, "task", input.Task, "node", input.Node, "delivery", redelivered+1)
+		default:
 			return err
 		}
 	}

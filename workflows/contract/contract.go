@@ -40,6 +40,9 @@ const (
 	// ErrTypeBadInput means an activity's input cannot work (a malformed
 	// id, a row whose creation was rolled back); retrying will not help.
 	ErrTypeBadInput = "BadInput"
+	// ErrTypeUndelivered means a run never reached its node's agent, after
+	// several deliveries.
+	ErrTypeUndelivered = "Undelivered"
 	// ErrTypeNotDispatchable means a run is in a state that cannot be sent
 	// to its node (it already ended otherwise).
 	ErrTypeNotDispatchable = "NotDispatchable"
@@ -64,6 +67,7 @@ const (
 	RecordNoOpActivity           = "RecordNoOp"
 	FinishNodeGraphActivity      = "FinishNodeGraph" // local activity
 	NodeBootIDActivity           = "NodeBootID"      // local activity
+	RunDeliveryActivity          = "RunDelivery"     // local activity
 	AwaitRebootActivity          = "AwaitReboot"
 	AnnealActivity               = "Anneal"
 	RecoverTransitionsActivity   = "RecoverTransitions"
@@ -79,7 +83,7 @@ const (
 var ActivityNames = []string{
 	PlanGraphActivity, LoadNodePlanActivity, RunTaskOnNodeActivity, RunOnOrchestratorActivity,
 	RecordRunFailureActivity, CancelRunsActivity, CheckRunStatesActivity, AbandonNodeRunsActivity,
-	FinishTransactionActivity, RecordNoOpActivity, FinishNodeGraphActivity, NodeBootIDActivity,
+	FinishTransactionActivity, RecordNoOpActivity, FinishNodeGraphActivity, NodeBootIDActivity, RunDeliveryActivity,
 	AwaitRebootActivity, AnnealActivity, RecoverTransitionsActivity, PrepareNodeRoleRunActivity,
 	FinishNodeRoleRunActivity, BootstrapNodeActivity, PrepareSoftwareRoundActivity, FinishSoftwareRoundActivity,
 }

@@ -206,6 +206,15 @@ type RunTaskInput struct {
 	Node  string `json:"node"`
 }
 
+// RunDelivery says how far a run got towards its node's agent (the result
+// of RunDelivery): its state and attempt, and whether the agent
+// acknowledged that attempt.
+type RunDelivery struct {
+	State   string `json:"state"`
+	Attempt int    `json:"attempt"`
+	Acked   bool   `json:"acked"`
+}
+
 // RunOutcome is what a finished run reports back to its workflow; the rest
 // (outputs, logs) stays in Postgres.
 type RunOutcome struct {
