@@ -99,8 +99,12 @@ func (s *Store) EnrollNodeThen(ctx context.Context, in NodeInput, withCredential
 			}
 			secret = NewSecret("agt_")
 			now := Now()
-			err := tx.Model(node).Updates(map[string]any{"agent_token_hash": HashSecret(secret), "boot_id": in.BootID,
-				"address": in.Address, "alive": true, "last_seen_at": now, "updated_at": now}).Error
+			set := map[string]any{"agent_token_hash": HashSecret(secret), "boot_id": in.BootID,
+				"alive": true, "last_seen_at": now, "updated_at": now}
+			if in.Address != "" { // an agent that names no address keeps the known one
+				set["address"] = in.Address
+			}
+			err := tx.Model(node).Updates(set).Error
 			if err != nil {
 				return fmt.Errorf("enroll node %q: %w", in.Name, err)
 			}

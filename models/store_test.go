@@ -72,9 +72,20 @@ func TestCreateNode(t *testing.T) {
 	_, err = store.Node(ctx, "ghost.anneal.test")
 	assert.ErrorIs(t, err, models.ErrNotFound)
 
-	_, secret, err = store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test"}, true)
+	// The node has no credential: its agent registering enrolls it (the
+	// same node, alive), and a second registration is refused.
+	enrolled, secret, err := store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test", BootID: "b1"}, true)
+	require.NoError(t, err)
+	assert.Equal(t, node.ID, enrolled.ID)
+	assert.NotEmpty(t, secret)
+	p, err := store.Authenticate(ctx, secret)
+	require.NoError(t, err)
+	assert.Equal(t, node.ID, p.NodeID)
+	_, again, err := store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test"}, true)
 	storetest.RequireConflict(t, err)
-	assert.Empty(t, secret)
+	assert.Empty(t, again)
+	_, _, err = store.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test"}, false)
+	storetest.RequireConflict(t, err)
 	assert.EqualValues(t, 1, storetest.Count(t, store, &models.Node{}))
 
 	touched, _, err := store.TouchNode(ctx, node.ID, "b2", "")

@@ -69,7 +69,8 @@ func (s *Server) listDeploymentRoles(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return pageSlice(c, drs, func(dr crowbar.DeploymentRoleView) int64 { return dr.ID })
+	// By role name, then id, as the store orders them.
+	return pageSlice(c, drs, func(dr crowbar.DeploymentRoleView) string { return fmt.Sprintf("%s/%020d", dr.Role, dr.ID) })
 }
 
 func (s *Server) getDeploymentRole(c echo.Context) error {
