@@ -67,22 +67,24 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	if err != nil {
 		return err
 	}
-	env, err := loadOrCreateEnv(ctx, dir, dbURL)
-	if err != nil {
-		return err
-	}
+	// A fresh database: a new admin token (the server's bootstrap token)
+	// and an enroll token made through the API.
+	env := map[string]string{"ANNEAL_TOKEN": models.NewSecret("ann_")}
 	port, err := devenv.FreePort()
 	if err != nil {
 		return err
 	}
 	apiAddr := fmt.Sprintf("127.0.0.1:%d", port)
 	apiURL := "http://" + apiAddr
-	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, apiAddr, filepath.Join(dir, "worker.log"))
+	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, "", apiAddr, env["ANNEAL_TOKEN"], filepath.Join(dir, "worker.log"))
 	if err != nil {
 		return err
 	}
 	defer srv.Stop(10 * time.Second)
 	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
+	if err := ensureEnrollToken(ctx, api, env); err != nil {
+		return err
+	}
 	if _, err := api.call(ctx, http.MethodPost, "/api/v1/releases", "application/yaml", []byte(benchRelease(*tasks)), nil); err != nil {
 		return err
 	}

@@ -120,19 +120,19 @@ func slicesContains(list []string, s string) bool {
 
 // chaosHarness is the running stack of `dev chaos`.
 type chaosHarness struct {
-	cfg                   chaosConfig
-	log                   *slog.Logger
-	dir, runsDir, bin     string
-	dbURL, apiAddr        string
-	pg                    *devenv.Postgres
-	pgSkip                string // why the postgres scenario cannot run, if it cannot
-	tmpOpts               devenv.TemporalOptions
-	tmp                   *devenv.Temporal
-	api                   *apiClient
-	enrollToken           string
-	names                 []string
-	agents                map[string]*devenv.Proc
-	combined, apiP, workP *devenv.Proc // the server processes of the current topology
+	cfg                     chaosConfig
+	log                     *slog.Logger
+	dir, runsDir, bin       string
+	dbURL, apiAddr          string
+	pg                      *devenv.Postgres
+	pgSkip                  string // why the postgres scenario cannot run, if it cannot
+	tmpOpts                 devenv.TemporalOptions
+	tmp                     *devenv.Temporal
+	api                     *apiClient
+	enrollToken, adminToken string
+	names                   []string
+	agents                  map[string]*devenv.Proc
+	combined, apiP, workP   *devenv.Proc // the server processes of the current topology
 }
 
 func newChaosHarness(ctx context.Context, root, state string, cfg chaosConfig, log *slog.Logger) (*chaosHarness, error) {
@@ -185,11 +185,10 @@ func newChaosHarness(ctx context.Context, root, state string, cfg chaosConfig, l
 	if h.bin, err = buildBinaries(ctx, root, state); err != nil {
 		return h, err
 	}
-	env, err := loadOrCreateEnv(ctx, h.dir, h.dbURL)
-	if err != nil {
-		return h, err
-	}
-	h.enrollToken = env["ANNEAL_ENROLL_TOKEN"]
+	// The admin token reaches the database as an install's first one does:
+	// the server takes it as its bootstrap token (serverArgs).
+	env := loadOrCreateEnv(h.dir)
+	h.adminToken = env["ANNEAL_TOKEN"]
 	apiPort, err := devenv.FreePort()
 	if err != nil {
 		return h, err
@@ -199,6 +198,10 @@ func newChaosHarness(ctx context.Context, root, state string, cfg chaosConfig, l
 	if err := h.topology(ctx, false); err != nil {
 		return h, err
 	}
+	if err := ensureEnrollToken(ctx, h.api, env); err != nil {
+		return h, err
+	}
+	h.enrollToken = env["ANNEAL_ENROLL_TOKEN"]
 	if _, err := h.api.call(ctx, http.MethodPost, "/api/v1/releases", "application/yaml", []byte(chaosRelease(cfg, h.runsDir)), nil); err != nil {
 		return h, fmt.Errorf("import the chaos release: %w", err)
 	}
@@ -276,7 +279,9 @@ func (h *chaosHarness) startAgent(name string) error {
 func (h *chaosHarness) serverArgs(extra ...string) *exec.Cmd {
 	args := append([]string{"-database-url", h.dbURL, "-temporal", h.tmp.Address,
 		"-heartbeat-timeout", strconv.Itoa(h.cfg.heartbeatSec)}, extra...)
-	return exec.Command(filepath.Join(h.bin, "worker"), args...)
+	cmd := exec.Command(filepath.Join(h.bin, "worker"), args...)
+	cmd.Env = append(os.Environ(), "ANNEAL_BOOTSTRAP_TOKEN="+h.adminToken)
+	return cmd
 }
 
 // startCombined starts the process serving the worker and the API.
@@ -551,7 +556,7 @@ func (h *chaosHarness) nodeWithRunningTask(ctx context.Context, tx string) (stri
 			NodeName string `json:"node_name"`
 			State    string `json:"state"`
 		}
-		if _, err := h.api.call(ctx, http.MethodGet, "/api/v1/transactions/"+tx+"/runs?state=running", "", nil, &runs); err != nil {
+		if err := h.api.listAll(ctx, "/api/v1/transactions/"+tx+"/runs?state=running", &runs); err != nil {
 			return "", err
 		}
 		for _, run := range runs {
@@ -575,7 +580,7 @@ func (h *chaosHarness) retriedRuns(ctx context.Context, tx string) (int, error) 
 	var runs []struct {
 		Attempt int `json:"attempt"`
 	}
-	if _, err := h.api.call(ctx, http.MethodGet, "/api/v1/transactions/"+tx+"/runs", "", nil, &runs); err != nil {
+	if err := h.api.listAll(ctx, "/api/v1/transactions/"+tx+"/runs", &runs); err != nil {
 		return 0, err
 	}
 	n := 0

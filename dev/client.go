@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 )
 
@@ -83,4 +85,38 @@ func waitHealthy(ctx context.Context, base string, timeout time.Duration, alive 
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// listAll reads every page of a list endpoint ({"items", "next_cursor"})
+// into out, a pointer to a slice.
+func (c *apiClient) listAll(ctx context.Context, path string, out any) error {
+	var all []json.RawMessage
+	cursor := ""
+	for {
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		page := path + sep + "limit=1000"
+		if cursor != "" {
+			page += "&cursor=" + url.QueryEscape(cursor)
+		}
+		var body struct {
+			Items      []json.RawMessage `json:"items"`
+			NextCursor string            `json:"next_cursor"`
+		}
+		if _, err := c.call(ctx, http.MethodGet, page, "", nil, &body); err != nil {
+			return err
+		}
+		all = append(all, body.Items...)
+		if body.NextCursor == "" {
+			break
+		}
+		cursor = body.NextCursor
+	}
+	raw, err := json.Marshal(all)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(raw, out)
 }

@@ -60,19 +60,21 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	env, err := loadOrCreateEnv(ctx, state, dbURL)
-	if err != nil {
-		return err
-	}
+	env := loadOrCreateEnv(state)
 	apiURL := "http://" + *apiAddr
 	env["ANNEAL_URL"], env["TEMPORAL_UI"], env["TEMPORAL_ADDRESS"] = apiURL, tmp.UIURL, tmp.Address
 
-	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, *apiAddr, filepath.Join(state, "logs", "worker.log"))
+	// The admin token reaches the database as an install's first one
+	// does: the server takes it as its bootstrap token.
+	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, tmp.UIURL, *apiAddr, env["ANNEAL_TOKEN"], filepath.Join(state, "logs", "worker.log"))
 	if err != nil {
 		return err
 	}
 	defer srv.Stop(10 * time.Second)
 	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
+	if err := ensureEnrollToken(ctx, api, env); err != nil {
+		return err
+	}
 	if err := seed(ctx, api); err != nil {
 		return err
 	}
@@ -146,9 +148,9 @@ func buildBinaries(ctx context.Context, root, state string) (string, error) {
 	return bin, nil
 }
 
-// loadOrCreateEnv reuses the tokens of .dev/env, or mints new ones, and
-// makes sure the database knows them.
-func loadOrCreateEnv(ctx context.Context, state, dbURL string) (map[string]string, error) {
+// loadOrCreateEnv reuses the tokens of .dev/env, or mints a new admin
+// token (which the server stores as its bootstrap token).
+func loadOrCreateEnv(state string) map[string]string {
 	env := map[string]string{}
 	if f, err := os.Open(filepath.Join(state, "env")); err == nil {
 		sc := bufio.NewScanner(f)
@@ -162,27 +164,23 @@ func loadOrCreateEnv(ctx context.Context, state, dbURL string) (map[string]strin
 	if env["ANNEAL_TOKEN"] == "" {
 		env["ANNEAL_TOKEN"] = models.NewSecret("ann_")
 	}
-	if env["ANNEAL_ENROLL_TOKEN"] == "" {
-		env["ANNEAL_ENROLL_TOKEN"] = models.NewSecret("ann_")
+	return env
+}
+
+// ensureEnrollToken creates the agents' enroll token through the API, as
+// an operator would, unless .dev/env has one (the database kept it).
+func ensureEnrollToken(ctx context.Context, api *apiClient, env map[string]string) error {
+	if env["ANNEAL_ENROLL_TOKEN"] != "" {
+		return nil
 	}
-	db, err := models.Open(ctx, dbURL)
-	if err != nil {
-		return nil, err
+	var tok struct {
+		Token string `json:"token"`
 	}
-	if sqlDB, err := db.DB(); err == nil {
-		defer sqlDB.Close()
+	if _, err := api.call(ctx, http.MethodPost, "/api/v1/tokens", "", map[string]string{"name": "dev-enroll", "scope": models.ScopeEnroll}, &tok); err != nil {
+		return fmt.Errorf("create the agents' enroll token: %w", err)
 	}
-	if err := models.Migrate(ctx, db); err != nil {
-		return nil, err
-	}
-	store := &models.Store{DB: db}
-	if err := store.ImportAPIToken(ctx, "dev-admin", models.ScopeAdmin, env["ANNEAL_TOKEN"]); err != nil {
-		return nil, err
-	}
-	if err := store.ImportAPIToken(ctx, "dev-enroll", models.ScopeEnroll, env["ANNEAL_ENROLL_TOKEN"]); err != nil {
-		return nil, err
-	}
-	return env, nil
+	env["ANNEAL_ENROLL_TOKEN"] = tok.Token
+	return nil
 }
 
 func writeEnv(state string, env map[string]string) error {
@@ -209,9 +207,11 @@ func seed(ctx context.Context, api *apiClient) error {
 
 // startWorker starts the worker binary with the API on apiAddr and waits
 // until the API answers.
-func startWorker(ctx context.Context, bin, dbURL, temporalAddr, apiAddr, logFile string) (*devenv.Proc, error) {
-	srv, err := devenv.StartProc("worker", exec.Command(filepath.Join(bin, "worker"),
-		"-database-url", dbURL, "-temporal", temporalAddr, "-api", apiAddr), logFile)
+func startWorker(ctx context.Context, bin, dbURL, temporalAddr, temporalUI, apiAddr, bootstrapToken, logFile string) (*devenv.Proc, error) {
+	cmd := exec.Command(filepath.Join(bin, "worker"),
+		"-database-url", dbURL, "-temporal", temporalAddr, "-temporal-ui", temporalUI, "-api", apiAddr)
+	cmd.Env = append(os.Environ(), "ANNEAL_BOOTSTRAP_TOKEN="+bootstrapToken)
+	srv, err := devenv.StartProc("worker", cmd, logFile)
 	if err != nil {
 		return nil, err
 	}
@@ -274,11 +274,13 @@ func assignNodes(ctx context.Context, api *apiClient, names []string, agents []*
 // app-server on the others. Committing it wakes the annealer, which runs
 // them in dependency order (after each node's node-base).
 func bindSampleRoles(ctx context.Context, api *apiClient, names []string) error {
-	var bound []crowbar.NodeRole
-	if _, err := api.call(ctx, http.MethodGet, "/api/v1/noderoles?deployment="+devDeployment, "", nil, &bound); err != nil {
+	var bound struct {
+		Items []crowbar.NodeRole `json:"items"`
+	}
+	if _, err := api.call(ctx, http.MethodGet, "/api/v1/noderoles?limit=1&deployment="+devDeployment, "", nil, &bound); err != nil {
 		return fmt.Errorf("list the sample noderoles: %w", err)
 	}
-	if len(bound) > 0 {
+	if len(bound.Items) > 0 {
 		return nil // a second `up`: the deployment keeps what it has
 	}
 	var snap crowbar.Snapshot

@@ -9,21 +9,28 @@ import (
 	"github.com/google/uuid"
 )
 
-// Token scopes: an admin token drives the whole API, an enroll token may only
-// register new agents.
+// Token scopes: an admin token drives the whole API; an operator token
+// runs what exists (execute, stop, retry, bind, commit, tag) but manages no
+// tokens and imports nothing; a viewer token only reads; an enroll token may
+// only register agents.
 const (
-	ScopeAdmin  = "admin"
-	ScopeEnroll = "enroll"
+	ScopeAdmin    = "admin"
+	ScopeOperator = "operator"
+	ScopeViewer   = "viewer"
+	ScopeEnroll   = "enroll"
 )
+
+// Scopes lists the token scopes, most powerful first.
+var Scopes = []string{ScopeAdmin, ScopeOperator, ScopeViewer, ScopeEnroll}
 
 // APIToken is an operator credential; only its SHA-256 hash is stored.
 type APIToken struct {
-	ID         int64
-	Name       string
-	Scope      string
-	TokenHash  string `json:"-"`
-	CreatedAt  time.Time
-	LastUsedAt *time.Time
+	ID         int64      `json:"id"`
+	Name       string     `json:"name"`
+	Scope      string     `json:"scope"`
+	TokenHash  string     `json:"-"`
+	CreatedAt  time.Time  `json:"created_at"`
+	LastUsedAt *time.Time `json:"last_used_at"`
 }
 
 // Release is a bundle of roles, tags metadata and graphs.

@@ -57,12 +57,20 @@ func (s *Store) CreateNode(ctx context.Context, in NodeInput, withCredential boo
 // transaction once the node row exists: the API starts the node's bootstrap
 // workflow there, so that a node never exists without it.
 func (s *Store) CreateNodeThen(ctx context.Context, in NodeInput, withCredential bool, then func(*Node) error) (*Node, string, error) {
+	node, secret, _, err := s.EnrollNodeThen(ctx, in, withCredential, then)
+	return node, secret, err
+}
+
+// EnrollNodeThen is CreateNodeThen that, with withCredential (an agent
+// registering), also enrolls an existing node that has no credential yet
+// (created through the API or for a deployable's instance): the node gets
+// the credential, then is not called, and enrolled is true. A node that
+// already has a credential is a ConflictError saying what to do.
+func (s *Store) EnrollNodeThen(ctx context.Context, in NodeInput, withCredential bool, then func(*Node) error) (node *Node, secret string, enrolled bool, err error) {
 	if err := ValidateNodeName(in.Name, s.Domain); err != nil {
-		return nil, "", err
+		return nil, "", false, err
 	}
-	var node *Node
-	var secret string
-	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		ref := in.Deployment
 		if ref == "" {
 			ref = SystemDeployment
@@ -71,12 +79,37 @@ func (s *Store) CreateNodeThen(ctx context.Context, in NodeInput, withCredential
 		if err != nil {
 			return err
 		}
-		var count int64
-		if err := tx.Model(&Node{}).Where("name = ?", in.Name).Count(&count).Error; err != nil {
+		var existing []Node
+		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Where("name = ?", in.Name).Find(&existing).Error; err != nil {
 			return fmt.Errorf("check node name: %w", err)
 		}
-		if count > 0 {
-			return &ConflictError{Reason: fmt.Sprintf("a node named %q already exists; an agent restarting keeps its credential file instead of registering again", in.Name)}
+		if len(existing) > 0 {
+			if !withCredential {
+				return &ConflictError{Reason: fmt.Sprintf("a node named %q already exists", in.Name)}
+			}
+			// An agent enrolling a node that exists already: one
+			// created through the API or for a deployable's instance
+			// has no credential yet, and its agent takes it up (its
+			// bootstrap started when it was created).
+			node = &existing[0]
+			if node.AgentTokenHash != nil {
+				return &ConflictError{Reason: fmt.Sprintf("node %q already has an agent credential: an agent restarting keeps its credential file "+
+					"instead of registering again; to re-provision the machine, restore that file, or delete the node (DELETE /api/v1/nodes/%s) "+
+					"and let its agent register afresh", in.Name, in.Name)}
+			}
+			secret = NewSecret("agt_")
+			now := Now()
+			set := map[string]any{"agent_token_hash": HashSecret(secret), "boot_id": in.BootID,
+				"alive": true, "last_seen_at": now, "updated_at": now}
+			if in.Address != "" { // an agent that names no address keeps the known one
+				set["address"] = in.Address
+			}
+			err := tx.Model(node).Updates(set).Error
+			if err != nil {
+				return fmt.Errorf("enroll node %q: %w", in.Name, err)
+			}
+			enrolled = true
+			return nil
 		}
 		node = &Node{
 			Name: in.Name, Admin: in.Admin, Allocated: true, Available: true,
@@ -100,9 +133,9 @@ func (s *Store) CreateNodeThen(ctx context.Context, in NodeInput, withCredential
 		return nil
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, "", false, err
 	}
-	return node, secret, nil
+	return node, secret, enrolled, nil
 }
 
 // TouchNode records an agent heartbeat: the node is alive, with its boot id
@@ -146,6 +179,32 @@ func (s *Store) Nodes(ctx context.Context, deploymentID int64) ([]Node, error) {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
 	return nodes, nil
+}
+
+// NodesPage lists one page of nodes (of one deployment when deploymentID
+// is not 0) in name order, keyset on the name (bytewise, so that the
+// cursor's comparison and the order agree whatever the collation).
+func (s *Store) NodesPage(ctx context.Context, deploymentID int64, page Page) (nodes []Node, next string, err error) {
+	limit := page.PageLimit()
+	q := s.DB.WithContext(ctx).Order(`name COLLATE "C"`).Limit(limit + 1)
+	if deploymentID != 0 {
+		q = q.Where("deployment_id = ?", deploymentID)
+	}
+	if page.Cursor != "" {
+		var after string
+		if err := DecodeCursor(page.Cursor, &after); err != nil {
+			return nil, "", err
+		}
+		q = q.Where(`name COLLATE "C" > ?`, after)
+	}
+	if err := q.Find(&nodes).Error; err != nil {
+		return nil, "", fmt.Errorf("list nodes: %w", err)
+	}
+	if len(nodes) > limit {
+		nodes = nodes[:limit]
+		next = EncodeCursor(nodes[limit-1].Name)
+	}
+	return nodes, next, nil
 }
 
 // NodeUpdate changes a node's deployment, role assignment and flags; nil
@@ -310,28 +369,36 @@ func LockNode(tx *gorm.DB, ref string) (*Node, *Deployment, error) {
 func (s *Store) DeleteNode(ctx context.Context, ref string) (*Node, error) {
 	var out *Node
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// The lock keeps new work off the node until it is gone: planning
-		// a run or starting a noderole needs the node's row.
-		node, _, err := LockNode(tx, ref)
-		if err != nil {
-			return err
-		}
-		if err := nodeBusy(tx, node); err != nil {
-			return err
-		}
-		if err := RunNodeHooks(ctx, tx, OnNodeDelete, node); err != nil {
-			return err
-		}
-		if err := tx.Delete(&Node{}, node.ID).Error; err != nil {
-			return fmt.Errorf("delete node %s: %w", node.Name, err)
-		}
+		node, err := DeleteNodeIn(ctx, tx, ref)
 		out = node
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// DeleteNodeIn is DeleteNode inside the caller's database transaction:
+// a node with work under way is a ConflictError, its on_node_delete hooks
+// run first.
+func DeleteNodeIn(ctx context.Context, tx *gorm.DB, ref string) (*Node, error) {
+	// The lock keeps new work off the node until it is gone: planning a
+	// run or starting a noderole needs the node's row.
+	node, _, err := LockNode(tx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if err := nodeBusy(tx, node); err != nil {
+		return nil, err
+	}
+	if err := RunNodeHooks(ctx, tx, OnNodeDelete, node); err != nil {
+		return nil, err
+	}
+	if err := tx.Delete(&Node{}, node.ID).Error; err != nil {
+		return nil, fmt.Errorf("delete node %s: %w", node.Name, err)
+	}
+	return node, nil
 }
 
 // nodeBusy returns a ConflictError saying what to wait for or stop when

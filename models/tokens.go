@@ -8,18 +8,21 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 )
 
-// Principal is who a bearer token belongs to: an operator token (admin or
-// enroll scope) or one node's agent.
+// Principal is who a bearer token belongs to: an operator token (of one of
+// Scopes) or one node's agent.
 type Principal struct {
-	Scope  string // ScopeAdmin, ScopeEnroll, or "" for an agent
-	NodeID int64  // set for an agent
-	Name   string // token name or node name, for logs
+	Scope   string // one of Scopes, or "" for an agent
+	NodeID  int64  // set for an agent
+	TokenID int64  // set for an operator token
+	Name    string // token name or node name, for logs
 }
 
 // IsAgent reports whether the principal is a node's agent.
@@ -44,15 +47,97 @@ func HashSecret(secret string) string {
 // CreateAPIToken stores a new operator token and returns its secret, which
 // is shown once.
 func (s *Store) CreateAPIToken(ctx context.Context, name, scope string) (string, error) {
-	if scope != ScopeAdmin && scope != ScopeEnroll {
-		return "", Invalid("scope", "must be %q or %q", ScopeAdmin, ScopeEnroll)
+	_, secret, err := s.CreateToken(ctx, name, scope)
+	return secret, err
+}
+
+// maxTokenName bounds a token's name, which is only a label.
+const maxTokenName = 200
+
+// CreateToken stores a new operator token of a scope and returns it with its
+// secret, which is shown once (only its hash is kept).
+func (s *Store) CreateToken(ctx context.Context, name, scope string) (*APIToken, string, error) {
+	name = strings.TrimSpace(name)
+	if name == "" {
+		return nil, "", Invalid("name", "is required: say what the token is for, e.g. \"ci\" or \"rack-3 pxe\"")
+	}
+	if len(name) > maxTokenName {
+		return nil, "", Invalid("name", "is %d characters long; at most %d", len(name), maxTokenName)
+	}
+	if !slices.Contains(Scopes, scope) {
+		return nil, "", Invalid("scope", "%q is not one of %s", scope, strings.Join(Scopes, ", "))
 	}
 	secret := NewSecret("ann_")
 	tok := APIToken{Name: name, Scope: scope, TokenHash: HashSecret(secret)}
 	if err := s.DB.WithContext(ctx).Create(&tok).Error; err != nil {
-		return "", fmt.Errorf("create api token %q: %w", name, err)
+		return nil, "", fmt.Errorf("create api token %q: %w", name, err)
 	}
-	return secret, nil
+	return &tok, secret, nil
+}
+
+// Tokens lists the operator tokens, newest first (keyset on id), never
+// their secrets. next is the cursor of the following page, "" at the end.
+func (s *Store) Tokens(ctx context.Context, page Page) (items []APIToken, next string, err error) {
+	q := s.DB.WithContext(ctx).Order("id DESC").Limit(page.PageLimit() + 1)
+	if page.Cursor != "" {
+		var after int64
+		if err := DecodeCursor(page.Cursor, &after); err != nil {
+			return nil, "", err
+		}
+		q = q.Where("id < ?", after)
+	}
+	if err := q.Find(&items).Error; err != nil {
+		return nil, "", fmt.Errorf("list api tokens: %w", err)
+	}
+	if len(items) > page.PageLimit() {
+		items = items[:page.PageLimit()]
+		next = EncodeCursor(items[len(items)-1].ID)
+	}
+	return items, next, nil
+}
+
+// RevokeToken deletes an operator token and returns it (its hash lets the
+// caller forget it from caches).
+func (s *Store) RevokeToken(ctx context.Context, id int64) (*APIToken, error) {
+	var tok APIToken
+	res := s.DB.WithContext(ctx).Clauses(clause.Returning{}).Where("id = ?", id).Delete(&tok)
+	if res.Error != nil {
+		return nil, fmt.Errorf("revoke api token %d: %w", id, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return nil, NotFound("token", id)
+	}
+	return &tok, nil
+}
+
+// BootstrapAdminToken stores secret as an admin token named name if no
+// admin token exists yet, so that a fresh install can be driven without
+// writing to the database by hand; it reports whether it did. Servers
+// starting together agree through an advisory lock: one stores it.
+func (s *Store) BootstrapAdminToken(ctx context.Context, name, secret string) (bool, error) {
+	if !strings.HasPrefix(secret, "ann_") || len(secret) < 24 {
+		return false, Invalid("bootstrap token", "must start with \"ann_\" and be at least 24 characters long (e.g. ann_ and 32 random base64url characters)")
+	}
+	created := false
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SELECT pg_advisory_xact_lock(hashtext('anneal bootstrap token'))").Error; err != nil {
+			return fmt.Errorf("lock for the bootstrap token: %w", err)
+		}
+		var n int64
+		if err := tx.Model(&APIToken{}).Where("scope = ?", ScopeAdmin).Count(&n).Error; err != nil {
+			return fmt.Errorf("count admin tokens: %w", err)
+		}
+		if n > 0 {
+			return nil
+		}
+		tok := APIToken{Name: name, Scope: ScopeAdmin, TokenHash: HashSecret(secret)}
+		if err := tx.Create(&tok).Error; err != nil {
+			return fmt.Errorf("store the bootstrap token: %w", err)
+		}
+		created = true
+		return nil
+	})
+	return created, err
 }
 
 // ImportAPIToken stores a token whose secret the caller already has (the dev
@@ -82,7 +167,12 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (Principal, err
 		if err != nil {
 			return Principal{}, fmt.Errorf("authenticate: %w", err)
 		}
-		return Principal{Scope: tok.Scope, Name: tok.Name}, nil
+		// Callers cache a verified token for a few seconds, so this write
+		// happens at most that often per token and server.
+		if err := db.Model(&tok).UpdateColumn("last_used_at", Now()).Error; err != nil {
+			return Principal{}, fmt.Errorf("authenticate: record the token's use: %w", err)
+		}
+		return Principal{Scope: tok.Scope, Name: tok.Name, TokenID: tok.ID}, nil
 	}
 	var node Node
 	err := db.Select("id", "name").Where("agent_token_hash = ?", hash).Take(&node).Error

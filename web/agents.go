@@ -32,13 +32,21 @@ func (s *Server) agentRegister(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, token, err := s.cfg.Store.CreateNodeThen(c.Request().Context(), models.NodeInput{
+	node, token, enrolled, err := s.cfg.Store.EnrollNodeThen(c.Request().Context(), models.NodeInput{
 		Name: req.Name, Admin: req.Admin, BootID: req.BootID, Address: req.Address,
 	}, true, s.startBootstrap(c.Request().Context()))
 	if err != nil {
 		return err
 	}
-	s.log.Info("node registered", "node", node.Name, "node_id", node.ID, "admin", node.Admin)
+	if enrolled {
+		// A node created through the API (or for a deployable's
+		// instance) now has its agent: it is alive, and its noderoles
+		// may run.
+		s.log.Info("node enrolled by its agent", "node", node.Name, "node_id", node.ID)
+		s.kickAnnealer(c.Request().Context(), "node "+node.Name+" is alive")
+	} else {
+		s.log.Info("node registered", "node", node.Name, "node_id", node.ID, "admin", node.Admin)
+	}
 	return c.JSON(http.StatusCreated, protocol.RegisterResponse{NodeID: node.ID, Name: node.Name, Token: token})
 }
 

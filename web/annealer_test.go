@@ -22,7 +22,7 @@ import (
 func noderoles(t *testing.T, st *testenv.Stack, deployment string) map[string]crowbar.NodeRole {
 	t.Helper()
 	var list []crowbar.NodeRole
-	status, body := st.Do(t, http.MethodGet, "/api/v1/noderoles?deployment="+deployment, nil, &list)
+	status, body := getList(t, st, "/api/v1/noderoles?deployment="+deployment, &list)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	out := map[string]crowbar.NodeRole{}
 	for _, nr := range list {
@@ -223,7 +223,7 @@ func TestAnnealerGrowsTheSampleDeployment(t *testing.T) {
 	})
 	// The old snapshot is archived, one linear history.
 	var hist []crowbar.Snapshot
-	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/sample/snapshots", nil, &hist)
+	status, body = getList(t, st, "/api/v1/deployments/sample/snapshots", &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 3)
 	assert.Equal(t, []string{crowbar.SnapshotArchived, crowbar.SnapshotArchived, crowbar.SnapshotCommitted},

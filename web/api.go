@@ -27,11 +27,15 @@ func (s *Server) listNodes(c echo.Context) error {
 		}
 		depID = dep.ID
 	}
-	nodes, err := s.cfg.Store.Nodes(c.Request().Context(), depID)
+	p, err := pageParams(c)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, nodes)
+	nodes, next, err := s.cfg.Store.NodesPage(c.Request().Context(), depID, p)
+	if err != nil {
+		return err
+	}
+	return listOf(c, nodes, next)
 }
 
 func (s *Server) getNode(c echo.Context) error {
@@ -103,7 +107,7 @@ func (s *Server) listDeployments(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, deps)
+	return pageSlice(c, deps, func(d models.Deployment) int64 { return d.ID })
 }
 
 func (s *Server) createDeployment(c echo.Context) error {
@@ -270,7 +274,7 @@ func (s *Server) execute(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return transactionAccepted(c, txn, nil)
+	return s.transactionAccepted(c, txn, nil)
 }
 
 func uuidParam(c echo.Context) (uuid.UUID, error) {
@@ -290,7 +294,7 @@ func (s *Server) getTransaction(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, st)
+	return c.JSON(http.StatusOK, s.transactionView(st))
 }
 
 var runStates = []string{contract.RunPlanned, contract.RunPending, contract.RunRunning, contract.RunSucceeded,
@@ -305,11 +309,15 @@ func (s *Server) listRuns(c echo.Context) error {
 	if f.State != "" && !contains(runStates, f.State) {
 		return &models.InputError{Status: http.StatusBadRequest, Field: "state", Reason: fmt.Sprintf("%q is not one of %s", f.State, strings.Join(runStates, ", "))}
 	}
-	runs, err := s.fuel.Runs(c.Request().Context(), id, f)
+	p, err := pageParams(c)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, runs)
+	runs, next, err := s.fuel.RunsPage(c.Request().Context(), id, f, p)
+	if err != nil {
+		return err
+	}
+	return listOf(c, runs, next)
 }
 
 func contains(list []string, s string) bool {

@@ -74,5 +74,5 @@ func (s *Server) retryTransaction(c echo.Context) error {
 		return err
 	}
 	s.log.Info("transaction retried", "transaction", id, "workflow_id", txn.WorkflowID)
-	return transactionAccepted(c, txn, nil)
+	return s.transactionAccepted(c, txn, nil)
 }

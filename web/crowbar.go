@@ -3,6 +3,7 @@ package web
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -29,7 +30,8 @@ func (s *Server) listRoles(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, roles)
+	// In release order, then by name, as the store lists them.
+	return pageSlice(c, roles, func(r models.Role) string { return fmt.Sprintf("%020d/%s", r.ReleaseID, r.Name) })
 }
 
 func (s *Server) getRole(c echo.Context) error {
@@ -59,7 +61,7 @@ func (s *Server) listNodeRoles(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, nrs)
+	return pageSlice(c, nrs, func(nr crowbar.NodeRole) int64 { return nr.ID })
 }
 
 func (s *Server) listDeploymentRoles(c echo.Context) error {
@@ -67,7 +69,8 @@ func (s *Server) listDeploymentRoles(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, drs)
+	// By role name, then id, as the store orders them.
+	return pageSlice(c, drs, func(dr crowbar.DeploymentRoleView) string { return fmt.Sprintf("%s/%020d", dr.Role, dr.ID) })
 }
 
 func (s *Server) getDeploymentRole(c echo.Context) error {

@@ -60,7 +60,7 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	// Roles.
 	for _, ref := range []string{"crowrel", "crowrel@7", strconv.FormatInt(rel.ID, 10)} {
 		var roles []models.Role
-		status, body = st.Do(t, http.MethodGet, "/api/v1/roles?release="+ref, nil, &roles)
+		status, body = getList(t, st, "/api/v1/roles?release="+ref, &roles)
 		require.Equal(t, http.StatusOK, status, "%s", body)
 		var names []string
 		for _, r := range roles {
@@ -69,7 +69,7 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 		assert.Equal(t, []string{"base", "cache", "db", "front"}, names, ref)
 	}
 	var all []models.Role
-	status, body = st.Do(t, http.MethodGet, "/api/v1/roles", nil, &all)
+	status, body = getList(t, st, "/api/v1/roles", &all)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.NotEmpty(t, all)
 	for i := 1; i < len(all); i++ {
@@ -98,7 +98,7 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	// whose end wakes the annealer, which fails a noderole the test put in
 	// transition (it has no run workflow).
 	var hist []crowbar.Snapshot
-	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crowd/snapshots", nil, &hist)
+	status, body = getList(t, st, "/api/v1/deployments/crowd/snapshots", &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 1)
 	var snap crowbar.Snapshot
@@ -115,7 +115,7 @@ func TestCrowbarRESTRolesAndNodeRoles(t *testing.T) {
 	list := func(query string) []crowbar.NodeRole {
 		t.Helper()
 		var nrs []crowbar.NodeRole
-		status, body := st.Do(t, http.MethodGet, "/api/v1/noderoles"+query, nil, &nrs)
+		status, body := getList(t, st, "/api/v1/noderoles"+query, &nrs)
 		require.Equal(t, http.StatusOK, status, "%s: %s", query, body)
 		require.NotNil(t, nrs, "%s: [] rather than null", query)
 		return nrs
@@ -182,9 +182,9 @@ func TestCrowbarRESTDeploymentRoles(t *testing.T) {
 	require.NoError(t, err)
 
 	var drs []crowbar.DeploymentRoleView
-	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crowd/roles", nil, &drs)
+	status, body = getList(t, st, "/api/v1/deployments/crowd/roles", &drs)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	assert.Equal(t, "[]", string(bytes.TrimSpace(body)))
+	assert.JSONEq(t, `{"items": [], "next_cursor": ""}`, string(bytes.TrimSpace(body)))
 
 	// Binding db seeds the defaults of db and base.
 	var snap crowbar.Snapshot
@@ -193,7 +193,7 @@ func TestCrowbarRESTDeploymentRoles(t *testing.T) {
 	status, body = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/noderoles", snap.ID),
 		map[string]any{"node": nodeName("c1"), "role": "db"}, nil)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
-	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crowd/roles", nil, &drs)
+	status, body = getList(t, st, "/api/v1/deployments/crowd/roles", &drs)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, drs, 2)
 	assert.Equal(t, "base", drs[0].Role)

@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/audrey"
 )
 
 // deployableRoutes: Audrey deployables (seed 003), imported as the seed's XML
@@ -16,6 +17,7 @@ func (s *Server) deployableRoutes(g *echo.Group) {
 	g.POST("/deployables", s.importDeployable)
 	g.GET("/deployables", s.listDeployables)
 	g.GET("/deployables/:id", s.getDeployable)
+	g.DELETE("/deployables/:id", s.deleteDeployable)
 }
 
 // importDeployable: POST /api/v1/deployables[?deployment=<name or id>].
@@ -63,7 +65,7 @@ func (s *Server) listDeployables(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, ds)
+	return pageSlice(c, ds, func(d audrey.Deployable) int64 { return d.ID })
 }
 
 // getDeployable: GET /api/v1/deployables/:id (id, uuid or name).

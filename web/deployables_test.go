@@ -48,7 +48,7 @@ func TestImportDeployableErrors(t *testing.T) {
 	st := testenv.NewStack(t, testenv.Options{})
 	count := func() int {
 		var list []map[string]any
-		code, _ := st.Do(t, http.MethodGet, "/api/v1/deployables", nil, &list)
+		code, _ := getList(t, st, "/api/v1/deployables", &list)
 		require.Equal(t, http.StatusOK, code)
 		return len(list)
 	}
@@ -84,7 +84,7 @@ func TestImportDeployableErrors(t *testing.T) {
 	}
 	assert.Equal(t, 0, count(), "nothing written by a refused import")
 	var nodes []map[string]any
-	st.Do(t, http.MethodGet, "/api/v1/nodes", nil, &nodes)
+	getList(t, st, "/api/v1/nodes", &nodes)
 	for _, n := range nodes {
 		assert.NotContains(t, n["name"], "shop")
 	}

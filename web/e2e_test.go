@@ -212,7 +212,7 @@ func waitDone(t *testing.T, st *testenv.Stack, id string, within time.Duration) 
 func runsByKey(t *testing.T, st *testenv.Stack, id, query string) map[string]models.TaskRun {
 	t.Helper()
 	var runs []models.TaskRun
-	status, raw := st.Do(t, http.MethodGet, "/api/v1/transactions/"+id+"/runs"+query, nil, &runs)
+	status, raw := getList(t, st, "/api/v1/transactions/"+id+"/runs"+query, &runs)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	out := map[string]models.TaskRun{}
 	for _, r := range runs {

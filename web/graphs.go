@@ -44,7 +44,7 @@ func (s *Server) listPlugins(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, plugins)
+	return pageSlice(c, plugins, func(p fuel.Plugin) int64 { return p.ID })
 }
 
 func (s *Server) createPlugin(c echo.Context) error {
@@ -74,7 +74,7 @@ func (s *Server) listDeploymentPlugins(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, plugins)
+	return pageSlice(c, plugins, func(p fuel.Plugin) int64 { return p.ID })
 }
 
 func (s *Server) enablePlugin(c echo.Context) error {

@@ -138,7 +138,7 @@ func TestPluginAPI(t *testing.T) {
 	graphRefused(t, st, http.MethodPost, "/api/v1/plugins", map[string]string{"name": "x"}, http.StatusUnprocessableEntity, "version")
 	graphRefused(t, st, http.MethodPost, "/api/v1/plugins", map[string]any{"name": "x", "version": "1", "colour": 1}, http.StatusBadRequest, "colour")
 	var all []fuel.Plugin
-	graphOK(t, st, http.MethodGet, "/api/v1/plugins", nil, http.StatusOK, &all)
+	requireList(t, st, "/api/v1/plugins", &all)
 	require.Len(t, all, 1, "refused requests create nothing")
 
 	graphOK(t, st, http.MethodPost, "/api/v1/plugins", map[string]string{"name": "lma", "version": "2.0.0"}, http.StatusCreated, nil)
@@ -158,12 +158,12 @@ func TestPluginAPI(t *testing.T) {
 	graphRefused(t, st, http.MethodPut, "/api/v1/deployments/d1/plugins/nope", nil, http.StatusNotFound, "")
 	graphRefused(t, st, http.MethodPut, "/api/v1/deployments/nope/plugins/lma", nil, http.StatusNotFound, "")
 	var enabled []fuel.Plugin
-	graphOK(t, st, http.MethodGet, "/api/v1/deployments/d1/plugins", nil, http.StatusOK, &enabled)
+	requireList(t, st, "/api/v1/deployments/d1/plugins", &enabled)
 	require.Len(t, enabled, 1)
 	assert.Equal(t, lma.ID, enabled[0].ID)
 	graphOK(t, st, http.MethodDelete, "/api/v1/deployments/d1/plugins/lma@1.0.0", nil, http.StatusNoContent, nil)
 	graphRefused(t, st, http.MethodDelete, "/api/v1/deployments/d1/plugins/lma@1.0.0", nil, http.StatusNotFound, "")
-	graphOK(t, st, http.MethodGet, "/api/v1/deployments/d1/plugins", nil, http.StatusOK, &enabled)
+	requireList(t, st, "/api/v1/deployments/d1/plugins", &enabled)
 	assert.Empty(t, enabled)
 }
 
@@ -406,4 +406,11 @@ func TestGraphMergeAndDOT(t *testing.T) {
 	graphRefused(t, st, http.MethodPost, "/api/v1/graphs/execute", map[string]any{
 		"deployment": "d1", "graphs": []any{map[string]any{"type": "loop"}},
 	}, http.StatusUnprocessableEntity, "graphs[0]")
+}
+
+// requireList reads a whole list endpoint into out, requiring 200.
+func requireList[T any](t *testing.T, st *testenv.Stack, path string, out *[]T) {
+	t.Helper()
+	status, body := getList(t, st, path, out)
+	require.Equal(t, http.StatusOK, status, "%s", body)
 }

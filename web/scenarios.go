@@ -27,10 +27,7 @@ func (s *Server) listScenarios(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if list == nil {
-		list = []fuel.Scenario{}
-	}
-	return c.JSON(http.StatusOK, list)
+	return pageSlice(c, list, func(sc fuel.Scenario) int64 { return sc.ID })
 }
 
 // createScenario is POST /scenarios {"name", "description", "scenario":
@@ -87,7 +84,7 @@ func (s *Server) executeScenarioHandler(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return transactionAccepted(c, txn, map[string]any{"scenario": sp.Scenario.Name, "acts": sp.Acts})
+	return s.transactionAccepted(c, txn, map[string]any{"scenario": sp.Scenario.Name, "acts": sp.Acts})
 }
 
 // executeScenario evaluates a scenario's acts over the deployment's nodes

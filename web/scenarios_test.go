@@ -170,7 +170,7 @@ func TestScenarioAPI(t *testing.T) {
 
 	// Listing, in the seed's shape, and one by name.
 	var list []map[string]any
-	status, raw = st.Do(t, http.MethodGet, "/api/v1/scenarios", nil, &list)
+	status, raw = getList(t, st, "/api/v1/scenarios", &list)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	require.Len(t, list, 2)
 	assert.Equal(t, "deploy-changes", list[0]["name"])

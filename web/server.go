@@ -48,7 +48,14 @@ type Config struct {
 	// deployment must be before Reconcile checks its workflow (0: a
 	// minute): younger ones may still be starting.
 	ReconcileGrace time.Duration
-	Log            *slog.Logger
+	// TemporalUI is the base address of the Temporal Web UI (e.g.
+	// http://127.0.0.1:8233); when set, answers about a workflow link to
+	// it (links.temporal_ui).
+	TemporalUI string
+	// Namespace is the Temporal namespace the workflows run in, for those
+	// links (default "default").
+	Namespace string
+	Log       *slog.Logger
 }
 
 // Server serves the API.
@@ -61,9 +68,12 @@ type Server struct {
 	heat    *heat.Store
 	audrey  *audrey.Store
 	echo    *echo.Echo
-	hub     *workHub
-	auth    authCache
-	log     *slog.Logger
+	// routes are the registered routes as "METHOD /template", for the
+	// 405 answer (methodNotAllowed).
+	routes map[string]bool
+	hub    *workHub
+	auth   authCache
+	log    *slog.Logger
 }
 
 // New builds the API server and its routes.
@@ -76,6 +86,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), log: cfg.Log,
 		fuel: fuel.New(cfg.Store), crowbar: crowbar.New(cfg.Store), heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
 	e.HTTPErrorHandler = s.handleError
+	e.Pre(s.methodNotAllowed)
 	e.Use(middleware.Recover())
 	e.Use(middleware.BodyLimit("2M"))
 	e.Use(s.logRequests)
@@ -94,7 +105,12 @@ func New(cfg Config) *Server {
 	mine.POST("/runs/:id/result", s.agentRunResult)
 	mine.POST("/runs/:id/ack", s.agentRunAck)
 
-	admin := api.Group("", s.require(models.ScopeAdmin))
+	// Operators' routes: what each token scope may do is decided per route
+	// (access.go).
+	admin := api.Group("", s.authorize)
+	admin.GET("/tokens", s.listTokens)
+	admin.POST("/tokens", s.createToken)
+	admin.DELETE("/tokens/:id", s.revokeToken)
 	admin.GET("/nodes", s.listNodes)
 	admin.POST("/nodes", s.createNode)
 	admin.GET("/nodes/:id", s.getNode)
@@ -103,6 +119,7 @@ func New(cfg Config) *Server {
 	admin.GET("/deployments", s.listDeployments)
 	admin.POST("/deployments", s.createDeployment)
 	admin.GET("/deployments/:id", s.getDeployment)
+	admin.DELETE("/deployments/:id", s.deleteDeployment)
 	s.graphRoutes(admin)
 	s.tagRoutes(admin)
 	s.snapshotRoutes(admin)
@@ -111,14 +128,62 @@ func New(cfg Config) *Server {
 	s.softwareRoutes(admin, mine)
 	s.deployableRoutes(admin)
 	s.configServerRoutes(e)
+	admin.GET("/releases", s.listReleases)
 	admin.POST("/releases", s.importRelease)
 	admin.GET("/releases/:id", s.getRelease)
+	admin.DELETE("/releases/:id", s.deleteRelease)
 	admin.POST("/graphs/execute", s.execute)
+	admin.GET("/transactions", s.listTransactions)
 	admin.GET("/transactions/:uuid", s.getTransaction)
 	admin.GET("/transactions/:uuid/runs", s.listRuns)
 	admin.POST("/transactions/:uuid/stop", s.stopTransaction)
 	admin.POST("/transactions/:uuid/retry", s.retryTransaction)
+	s.routes = map[string]bool{}
+	for _, r := range e.Routes() {
+		if r.Method != echo.RouteNotFound {
+			s.routes[r.Method+" "+r.Path] = true
+		}
+	}
 	return s
+}
+
+// allowMethods are the methods a 405 answer may name in Allow.
+var allowMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// methodNotAllowed answers 405 with Allow when the path is a route but not
+// for the request's method. Echo alone answers 404 there: the catch-all
+// not-found routes it adds for groups with middleware match first (and run
+// the group's authentication, answering 401 before that).
+func (s *Server) methodNotAllowed(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		req := c.Request()
+		if req.Method == http.MethodOptions {
+			return next(c)
+		}
+		path := echo.GetPath(req)
+		if s.routed(req.Method, path) {
+			return next(c)
+		}
+		var allow []string
+		for _, m := range allowMethods {
+			if m != req.Method && s.routed(m, path) {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) == 0 {
+			return next(c)
+		}
+		c.Response().Header().Set(echo.HeaderAllow, strings.Join(allow, ", "))
+		return apiError(http.StatusMethodNotAllowed, "method_not_allowed",
+			fmt.Sprintf("%s is not a method of %s; it answers %s", req.Method, path, strings.Join(allow, ", ")))
+	}
+}
+
+// routed reports whether method and path reach a registered route.
+func (s *Server) routed(method, path string) bool {
+	c := s.echo.NewContext(nil, nil)
+	s.echo.Router().Find(method, path, c)
+	return s.routes[method+" "+c.Path()]
 }
 
 // Handler returns the HTTP handler, for tests and embedding.
@@ -376,4 +441,12 @@ func (a *authCache) authenticate(ctx context.Context, token string, verify func(
 	}
 	a.entries[key] = authEntry{p: p, expires: now.Add(authTTL)}
 	return p, nil
+}
+
+// forget drops a token (by its hash) from the cache: a revoked token stops
+// working on this server at once.
+func (a *authCache) forget(hash string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.entries, hash)
 }

@@ -43,7 +43,7 @@ func (s *Server) listSnapshots(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, snaps)
+	return pageSlice(c, snaps, func(sn crowbar.Snapshot) int64 { return sn.ID })
 }
 
 func (s *Server) proposeSnapshot(c echo.Context) error {
@@ -171,7 +171,7 @@ func (s *Server) getNodeRole(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, nr)
+	return c.JSON(http.StatusOK, s.nodeRoleView(nr))
 }
 
 type updateNodeRoleRequest struct {

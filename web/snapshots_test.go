@@ -45,7 +45,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	}
 
 	var hist []crowbar.Snapshot
-	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crow/snapshots", nil, &hist)
+	status, body = getList(t, st, "/api/v1/deployments/crow/snapshots", &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 1)
 	committed := hist[0]
@@ -135,7 +135,7 @@ func TestSnapshotsAPI(t *testing.T) {
 	assert.Equal(t, "provision", dc.Graphs[0].Type)
 	status, _ = st.Do(t, http.MethodPost, fmt.Sprintf("/api/v1/snapshots/%d/commit", snap.ID), nil, nil)
 	assert.Equal(t, http.StatusConflict, status)
-	status, body = st.Do(t, http.MethodGet, "/api/v1/deployments/crow/snapshots", nil, &hist)
+	status, body = getList(t, st, "/api/v1/deployments/crow/snapshots", &hist)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Len(t, hist, 2)
 	assert.Equal(t, crowbar.SnapshotArchived, hist[0].State)

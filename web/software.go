@@ -65,7 +65,7 @@ func (s *Server) listSoftwareConfigs(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, cfgs)
+	return pageSlice(c, cfgs, func(sc heat.SoftwareConfig) int64 { return sc.ID })
 }
 
 func (s *Server) getSoftwareConfig(c echo.Context) error {
@@ -168,10 +168,7 @@ func (s *Server) listSoftwareDeployments(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if ds == nil {
-		ds = []heat.SoftwareDeployment{}
-	}
-	return c.JSON(http.StatusOK, ds)
+	return pageSlice(c, ds, func(d heat.SoftwareDeployment) int64 { return d.ID })
 }
 
 func (s *Server) getSoftwareDeployment(c echo.Context) error {

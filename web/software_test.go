@@ -144,7 +144,7 @@ exit 0`,
 
 	// The index: the node's deployments with their config, in one call.
 	var index []swDeployment
-	status, raw = st.Do(t, http.MethodGet, "/api/v1/software_deployments?server_id="+nodeName("n1"), nil, &index)
+	status, raw = getList(t, st, "/api/v1/software_deployments?server_id="+nodeName("n1"), &index)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	require.Len(t, index, 5)
 	require.NotNil(t, index[0].Config)
@@ -292,7 +292,7 @@ func TestSoftwareIndexInOneQuery(t *testing.T) {
 	require.NoError(t, st.Store.DB.Callback().Raw().After("gorm:raw").Register("test:count_software_raw", count))
 
 	var index []swDeployment
-	status, raw = st.Do(t, http.MethodGet, "/api/v1/software_deployments?server_id="+nodeName("q1"), nil, &index)
+	status, raw = getList(t, st, "/api/v1/software_deployments?server_id="+nodeName("q1"), &index)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	assert.Len(t, index, 4)
 	for i, d := range index {

@@ -34,10 +34,14 @@ func (s *Server) listTags(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if tags == nil {
-		tags = []fuel.Tag{}
-	}
-	return c.JSON(http.StatusOK, tags)
+	// The release's tags, then the deployment's own, each by name.
+	return pageSlice(c, tags, func(t fuel.Tag) string {
+		rank := 0
+		if t.OwnerKind == fuel.OwnerDeployment {
+			rank = 1
+		}
+		return fmt.Sprintf("%d/%s/%020d", rank, t.Name, t.ID)
+	})
 }
 
 type createTagRequest struct {

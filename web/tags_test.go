@@ -96,7 +96,7 @@ func requireError(t *testing.T, st *testenv.Stack, method, path string, body any
 func listTags(t *testing.T, st *testenv.Stack, query string) map[string]fuel.Tag {
 	t.Helper()
 	var tags []fuel.Tag
-	status, raw := st.Do(t, http.MethodGet, "/api/v1/tags?"+query, nil, &tags)
+	status, raw := getList(t, st, "/api/v1/tags?"+query, &tags)
 	require.Equal(t, http.StatusOK, status, "%s", raw)
 	out := map[string]fuel.Tag{}
 	for _, tag := range tags {

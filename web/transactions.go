@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/labstack/echo/v4"
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
 
@@ -68,18 +67,4 @@ func (s *Server) startWorkflow(ctx context.Context, txn *fuel.Transaction, summa
 		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the transaction workflow; nothing was recorded: "+err.Error())
 	}
 	return nil
-}
-
-// transactionAccepted is the 202 answer to a started transaction, with
-// extra entries merged in.
-func transactionAccepted(c echo.Context, txn *fuel.Transaction, extra map[string]any) error {
-	body := map[string]any{
-		"task_uuid": txn.ID, "workflow_id": txn.WorkflowID, "status": txn.Status,
-		"links": map[string]string{
-			"self": "/api/v1/transactions/" + txn.ID.String(),
-			"runs": "/api/v1/transactions/" + txn.ID.String() + "/runs",
-		},
-	}
-	maps.Copy(body, extra)
-	return c.JSON(http.StatusAccepted, body)
 }

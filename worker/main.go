@@ -1,20 +1,29 @@
 // Command worker runs anneal's Temporal worker and, with -api, its REST API.
+// `worker token create` writes an operator token to the database and
+// prints it once: a fresh install's first admin token.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/worker/server"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "token" {
+		os.Exit(tokenCommand(os.Args[2:]))
+	}
 	cfg := server.Config{}
+	var bootstrapFile string
 	flag.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
 	flag.StringVar(&cfg.TemporalAddress, "temporal", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port")
 	flag.StringVar(&cfg.Namespace, "namespace", envOr("TEMPORAL_NAMESPACE", "default"), "Temporal namespace")
@@ -24,11 +33,26 @@ func main() {
 	flag.IntVar(&cfg.HeartbeatTimeoutSec, "heartbeat-timeout", 0, "seconds a run may go without an agent heartbeat (0: 60)")
 	flag.DurationVar(&cfg.AckLease, "ack-lease", 0, "how long a run handed to an agent waits for its acknowledgement before it is offered again (0: 5s; keep it below the heartbeat timeout)")
 	flag.BoolVar(&cfg.NoWorker, "no-worker", false, "serve only the API")
+	flag.StringVar(&cfg.TemporalUI, "temporal-ui", os.Getenv("TEMPORAL_UI"), "base URL of the Temporal Web UI, for the API's links to workflows (e.g. http://127.0.0.1:8233)")
+	flag.StringVar(&bootstrapFile, "bootstrap-token-file", "", "a file holding the first admin token (ann_...), stored if no admin token exists yet; or set ANNEAL_BOOTSTRAP_TOKEN")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: worker [flags]\n       worker token create --name NAME [--scope admin|operator|viewer|enroll]\n\nflags:\n")
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if cfg.DatabaseURL == "" {
 		fmt.Fprintln(os.Stderr, "worker: set -database-url or DATABASE_URL")
 		os.Exit(2)
+	}
+	cfg.BootstrapToken = os.Getenv("ANNEAL_BOOTSTRAP_TOKEN")
+	if bootstrapFile != "" {
+		b, err := os.ReadFile(bootstrapFile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "worker: -bootstrap-token-file: %v\n", err)
+			os.Exit(2)
+		}
+		cfg.BootstrapToken = strings.TrimSpace(string(b))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -36,6 +60,39 @@ func main() {
 		cfg.Log.Error("worker stopped", "error", err)
 		os.Exit(1)
 	}
+}
+
+// tokenCommand is `worker token create`: it stores a token and prints its
+// secret once on stdout. Exit code 2 for bad usage, 1 for a failure.
+func tokenCommand(args []string) int {
+	if len(args) == 0 || args[0] != "create" {
+		fmt.Fprintln(os.Stderr, "usage: worker token create --name NAME [--scope admin|operator|viewer|enroll] [--database-url URL]")
+		return 2
+	}
+	fs := flag.NewFlagSet("token create", flag.ContinueOnError)
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
+	name := fs.String("name", "", "what the token is for (required)")
+	scope := fs.String("scope", models.ScopeAdmin, "one of "+strings.Join(models.Scopes, ", "))
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if *dbURL == "" {
+		fmt.Fprintln(os.Stderr, "worker token create: set --database-url or DATABASE_URL")
+		return 2
+	}
+	tok, secret, err := server.CreateToken(context.Background(), *dbURL, *name, *scope)
+	var ie *models.InputError
+	if errors.As(err, &ie) {
+		fmt.Fprintf(os.Stderr, "worker token create: --%s: %s\n", ie.Field, ie.Reason)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "worker token create: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(os.Stderr, "token", tok.ID, "("+tok.Name+", scope "+tok.Scope+") created; it is shown only this once:")
+	fmt.Println(secret)
+	return 0
 }
 
 func envOr(key, fallback string) string {

@@ -514,4 +514,96 @@ func TestCLI(t *testing.T) {
 		require.NoError(t, err)
 		assert.Contains(t, string(raw), st.AdminToken)
 	})
+
+	t.Run("tx list", func(t *testing.T) {
+		// Two dry runs on d1, the newest first in the list.
+		var ids []string
+		for range 2 {
+			var out struct {
+				TaskUUID string `json:"task_uuid"`
+			}
+			status, body := st.Do(t, http.MethodPost, "/api/v1/graphs/execute",
+				map[string]any{"deployment": "d1", "dry_run": true, "graphs": []map[string]any{{"type": "deployment"}}}, &out)
+			require.Equal(t, http.StatusAccepted, status, "%s", body)
+			ids = append(ids, out.TaskUUID)
+			require.Equal(t, 0, cli(t, e, "tx", "watch", out.TaskUUID).code)
+		}
+		r := cli(t, e, "tx", "list", "-d", "d1", "--limit", "1", "-o", "json")
+		require.Equal(t, 0, r.code, r.stderr)
+		page := decode[struct {
+			Items      []txJSON `json:"items"`
+			NextCursor string   `json:"next_cursor"`
+		}](t, r)
+		require.Len(t, page.Items, 1)
+		assert.Equal(t, ids[1], page.Items[0].UUID, "newest first")
+		assert.True(t, page.Items[0].DryRun)
+		require.NotEmpty(t, page.NextCursor)
+		r = cli(t, e, "tx", "list", "-d", "d1", "--limit", "1", "--cursor", page.NextCursor, "-o", "json")
+		require.Equal(t, 0, r.code, r.stderr)
+		next := decode[struct {
+			Items []txJSON `json:"items"`
+		}](t, r)
+		require.Len(t, next.Items, 1)
+		assert.Equal(t, ids[0], next.Items[0].UUID)
+
+		r = cli(t, e, "tx", "list", "-d", "d1", "--status", "ready", "--limit", "1")
+		require.Equal(t, 0, r.code, r.stderr)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		require.Len(t, lines, 3, "a header, one transaction and the next page's command")
+		assert.Equal(t, []string{"UUID", "DEPLOYMENT", "GRAPHS", "STATUS", "PROGRESS", "CREATED", "ERROR"}, strings.Fields(lines[0]))
+		f := strings.Fields(lines[1])
+		assert.Equal(t, []string{ids[1], "d1", "deployment", "ready", "100%"}, f[:5])
+		assert.True(t, strings.HasPrefix(lines[2], "more: anneal tx list --cursor "), lines[2])
+
+		r = cli(t, e, "tx", "list", "--status", "finished")
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, errLine(t, r), "status")
+	})
+
+	t.Run("token create list revoke", func(t *testing.T) {
+		r := cli(t, e, "token", "create", "--name", "cli-viewer", "--scope", "viewer", "-o", "json")
+		require.Equal(t, 0, r.code, r.stderr)
+		tok := decode[struct {
+			ID    int64  `json:"id"`
+			Name  string `json:"name"`
+			Scope string `json:"scope"`
+			Token string `json:"token"`
+		}](t, r)
+		assert.Equal(t, "cli-viewer", tok.Name)
+		assert.Equal(t, "viewer", tok.Scope)
+		require.True(t, strings.HasPrefix(tok.Token, "ann_"))
+
+		// The viewer token reads, and is refused a write with one line.
+		viewer := map[string]string{"ANNEAL_URL": st.URL, "ANNEAL_TOKEN": tok.Token}
+		require.Equal(t, 0, cli(t, viewer, "nodes").code)
+		r = cli(t, viewer, "token", "create", "--name", "x")
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, errLine(t, r), "scope admin")
+
+		r = cli(t, e, "token", "list")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Regexp(t, fmt.Sprintf(`(?m)^%d +cli-viewer +viewer +`, tok.ID), r.stdout)
+		assert.NotContains(t, r.stdout, tok.Token, "never a secret")
+		r = cli(t, e, "token", "list", "-o", "json")
+		require.Equal(t, 0, r.code)
+		list := decode[struct {
+			Items []struct {
+				ID    int64  `json:"id"`
+				Scope string `json:"scope"`
+			} `json:"items"`
+		}](t, r)
+		require.NotEmpty(t, list.Items)
+		assert.Equal(t, tok.ID, list.Items[0].ID, "newest first")
+
+		r = cli(t, e, "token", "revoke", fmt.Sprint(tok.ID))
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Equal(t, fmt.Sprintf("token %d revoked\n", tok.ID), r.stdout)
+		r = cli(t, viewer, "nodes")
+		assert.Equal(t, 1, r.code, "a revoked token is refused")
+		r = cli(t, e, "token", "revoke", fmt.Sprint(tok.ID))
+		assert.Equal(t, 1, r.code, "revoking twice: not found")
+		r = cli(t, e, "token", "create", "--name", "x", "--scope", "root")
+		assert.Equal(t, 1, r.code)
+		assert.Contains(t, errLine(t, r), "scope")
+	})
 }

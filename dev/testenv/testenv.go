@@ -118,6 +118,8 @@ type Options struct {
 	// HeartbeatTimeoutSec is handed to transactions (default 3 in tests, so
 	// that a dead agent fails fast).
 	HeartbeatTimeoutSec int
+	// TemporalUI, when set, is handed to the API for its workflow links.
+	TemporalUI string
 }
 
 // Stack is a running anneal: its own database, a worker on its own task
@@ -158,7 +160,7 @@ func NewStack(t testing.TB, opts Options) *Stack {
 	t.Cleanup(st.StopWorker)
 	api := web.New(web.Config{
 		Store: store, Temporal: tc, TaskQueue: queue, DatabaseURL: dbURL,
-		HeartbeatTimeoutSec: opts.HeartbeatTimeoutSec, Log: log, ReconcileGrace: time.Second,
+		HeartbeatTimeoutSec: opts.HeartbeatTimeoutSec, Log: log, ReconcileGrace: time.Second, TemporalUI: opts.TemporalUI,
 	})
 	st.API = api
 	ctx, cancel := context.WithCancel(context.Background())

@@ -554,3 +554,61 @@ func (s *Store) ViewDeployable(ctx context.Context, d *Deployable, insts []Deplo
 	}
 	return view, nil
 }
+
+// DeletedDeployable says what deleting a deployable removed: the
+// deployable with its instances (their credentials stop working), the
+// instances' nodes that never came alive, and the nodes it kept.
+type DeletedDeployable struct {
+	Deployable   *Deployable `json:"deployable"`
+	DeletedNodes []string    `json:"deleted_nodes"`
+	KeptNodes    []string    `json:"kept_nodes"`
+}
+
+// DeleteDeployable deletes a deployable and its instances. An instance's
+// node that never came alive (no agent ever enrolled it) existed only for
+// the deployable and is deleted too; a node an agent enrolled is a machine
+// now, kept with what it runs (delete it through DELETE /nodes/:id). A node
+// with work under way refuses the whole deletion (a ConflictError).
+func (s *Store) DeleteDeployable(ctx context.Context, ref string) (*DeletedDeployable, error) {
+	out := &DeletedDeployable{DeletedNodes: []string{}, KeptNodes: []string{}}
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		d, err := findDeployable(tx, ref)
+		if err != nil {
+			return err
+		}
+		out.Deployable = d
+		insts, err := deployableInstances(tx, d.ID)
+		if err != nil {
+			return err
+		}
+		if err := tx.Delete(&Deployable{}, d.ID).Error; err != nil { // instances cascade
+			return fmt.Errorf("delete deployable %s: %w", d.Name, err)
+		}
+		for _, in := range insts {
+			if in.NodeID == nil {
+				continue
+			}
+			var node models.Node
+			err := tx.Select("id", "name", "agent_token_hash", "last_seen_at").Take(&node, *in.NodeID).Error
+			if errors.Is(err, gorm.ErrRecordNotFound) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("load the node of instance %s: %w", in.Name, err)
+			}
+			if node.AgentTokenHash != nil || node.LastSeenAt != nil {
+				out.KeptNodes = append(out.KeptNodes, node.Name)
+				continue
+			}
+			if _, err := models.DeleteNodeIn(ctx, tx, strconv.FormatInt(node.ID, 10)); err != nil {
+				return err
+			}
+			out.DeletedNodes = append(out.DeletedNodes, node.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -52,7 +52,14 @@ type Config struct {
 	AckLease time.Duration
 	// NoWorker serves only the API.
 	NoWorker bool
-	Log      *slog.Logger
+	// TemporalUI is the Temporal Web UI's base address, for the API's
+	// links to workflows ("" leaves them out).
+	TemporalUI string
+	// BootstrapToken, when set, becomes an admin token named "bootstrap"
+	// if the database has no admin token yet: how a fresh install gets its
+	// first one. Ignored (and said so) once an admin token exists.
+	BootstrapToken string
+	Log            *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -84,6 +91,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	store := &models.Store{DB: db, Domain: cfg.Domain}
+	if cfg.BootstrapToken != "" {
+		created, err := store.BootstrapAdminToken(ctx, "bootstrap", cfg.BootstrapToken)
+		if err != nil {
+			return fmt.Errorf("bootstrap token: %w", err)
+		}
+		if created {
+			cfg.Log.Info("stored the bootstrap token as the first admin token (named \"bootstrap\"); create others with POST /api/v1/tokens and revoke it")
+		} else {
+			cfg.Log.Info("bootstrap token ignored: an admin token exists already")
+		}
+	}
 	if err := fuel.EnsureBuiltinScenarios(ctx, fuel.New(store), scenarios.Builtins()...); err != nil {
 		return err
 	}
@@ -112,6 +130,7 @@ func Run(ctx context.Context, cfg Config) error {
 		api := web.New(web.Config{
 			Store: store, Temporal: tc, TaskQueue: cfg.TaskQueue, DatabaseURL: cfg.DatabaseURL,
 			HeartbeatTimeoutSec: cfg.HeartbeatTimeoutSec, AckLease: cfg.AckLease, Log: cfg.Log,
+			TemporalUI: cfg.TemporalUI, Namespace: cfg.Namespace,
 		})
 		g.Go(func() error { return api.Run(ctx, cfg.APIAddr) })
 		g.Go(func() error { api.RunReconciler(ctx, reconcilePeriod); return nil })
@@ -123,6 +142,23 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	return nil
+}
+
+// CreateToken opens and migrates the database at databaseURL and stores a
+// new operator token there, returning its secret: the first admin token of
+// an install, made on the command line (`worker token create`).
+func CreateToken(ctx context.Context, databaseURL, name, scope string) (*models.APIToken, string, error) {
+	db, err := models.Open(ctx, databaseURL)
+	if err != nil {
+		return nil, "", err
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	if err := models.Migrate(ctx, db); err != nil {
+		return nil, "", err
+	}
+	return (&models.Store{DB: db}).CreateToken(ctx, name, scope)
 }
 
 // NewWorker creates (without starting) a worker with every workflow and

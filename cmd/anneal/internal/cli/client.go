@@ -184,3 +184,41 @@ func isRouteMissing(err error) bool {
 	var ae *APIError
 	return errors.As(err, &ae) && ae.RouteMissing()
 }
+
+// getAll reads every page of a list endpoint ({"items": [...],
+// "next_cursor": "..."}), following next_cursor, into out. The raw answer
+// it returns is the JSON array of all the items, for -o json.
+func getAll[T any](ctx context.Context, c *Client, path string, out *[]T) ([]byte, error) {
+	sep := "?"
+	if strings.Contains(path, "?") {
+		sep = "&"
+	}
+	all := []json.RawMessage{}
+	cursor := ""
+	for {
+		p := path + sep + "limit=1000"
+		if cursor != "" {
+			p += "&cursor=" + url.QueryEscape(cursor)
+		}
+		var page struct {
+			Items      []json.RawMessage `json:"items"`
+			NextCursor string            `json:"next_cursor"`
+		}
+		if _, err := c.GetJSON(ctx, p, &page); err != nil {
+			return nil, err
+		}
+		all = append(all, page.Items...)
+		if page.NextCursor == "" {
+			break
+		}
+		cursor = page.NextCursor
+	}
+	raw, err := json.Marshal(all)
+	if err != nil {
+		return nil, fmt.Errorf("encode the items of %s: %w", path, err)
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return raw, fmt.Errorf("decode the items of %s: %w", path, err)
+	}
+	return raw, nil
+}

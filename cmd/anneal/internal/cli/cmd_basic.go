@@ -42,7 +42,7 @@ without a token, login reads it from the first line of stdin.`,
 			}
 			a.client = &Client{BaseURL: c.URL, Token: c.Token, HTTP: newHTTPClient()}
 			var deps []deployment
-			if _, err := a.client.GetJSON(cmd.Context(), "/api/v1/deployments", &deps); err != nil {
+			if _, err := getAll(cmd.Context(), a.client, "/api/v1/deployments", &deps); err != nil {
 				return fmt.Errorf("the server refused the login, nothing was stored: %w", err)
 			}
 			if err := SaveConfig(path, c); err != nil {
@@ -70,7 +70,7 @@ func (a *app) nodesCommand() *cobra.Command {
 				return err
 			}
 			var nodes []node
-			raw, err := c.GetJSON(cmd.Context(), "/api/v1/nodes"+query("deployment", dep), &nodes)
+			raw, err := getAll(cmd.Context(), c, "/api/v1/nodes"+query("deployment", dep), &nodes)
 			if err != nil {
 				return err
 			}
@@ -100,7 +100,7 @@ func (a *app) deploymentNames(cmd *cobra.Command) (map[int64]string, error) {
 		return nil, err
 	}
 	var deps []deployment
-	if _, err := c.GetJSON(cmd.Context(), "/api/v1/deployments", &deps); err != nil {
+	if _, err := getAll(cmd.Context(), c, "/api/v1/deployments", &deps); err != nil {
 		return nil, err
 	}
 	out := map[int64]string{}
@@ -147,7 +147,7 @@ func (a *app) statusCommand() *cobra.Command {
 				}
 				v.Deployment = d.Name
 			}
-			if _, err := c.GetJSON(ctx, "/api/v1/nodes"+query("deployment", v.Deployment), &v.Nodes); err != nil {
+			if _, err := getAll(ctx, c, "/api/v1/nodes"+query("deployment", v.Deployment), &v.Nodes); err != nil {
 				return err
 			}
 			deps, err := a.deploymentNames(cmd)
@@ -167,7 +167,7 @@ func (a *app) statusCommand() *cobra.Command {
 			v.NodeRoles = map[string][]nodeRole{}
 			for _, name := range names {
 				var nrs []nodeRole
-				if _, err := c.GetJSON(ctx, "/api/v1/noderoles"+query("deployment", name), &nrs); err != nil {
+				if _, err := getAll(ctx, c, "/api/v1/noderoles"+query("deployment", name), &nrs); err != nil {
 					return err
 				}
 				for _, nr := range nrs {

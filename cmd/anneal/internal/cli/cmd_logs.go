@@ -97,7 +97,7 @@ type logPrinter struct {
 // to finish.
 func (l *logPrinter) round(ctx context.Context, following bool) error {
 	var runs []run
-	if _, err := l.c.GetJSON(ctx, "/api/v1/transactions/"+esc(l.tx)+"/runs"+query("node", l.node), &runs); err != nil {
+	if _, err := getAll(ctx, l.c, "/api/v1/transactions/"+esc(l.tx)+"/runs"+query("node", l.node), &runs); err != nil {
 		return err
 	}
 	sort.Slice(runs, func(i, j int) bool {

@@ -56,7 +56,7 @@ func (a *app) scenarioListCommand() *cobra.Command {
 					GraphType string `json:"graph_type"`
 				} `json:"scenario"`
 			}
-			raw, err := c.GetJSON(cmd.Context(), "/api/v1/scenarios", &list)
+			raw, err := getAll(cmd.Context(), c, "/api/v1/scenarios", &list)
 			if err != nil {
 				return err
 			}
@@ -84,7 +84,7 @@ func (a *app) tokenCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Create, list and revoke API tokens"}
 	var name, scope string
 	create := &cobra.Command{
-		Use:         "create --name <name> [--scope admin|enroll]",
+		Use:         "create --name <name> [--scope admin|operator|viewer|enroll]",
 		Short:       "Create a token (it is shown once)",
 		Args:        cobra.NoArgs,
 		Annotations: fieldFlags("name", "--name", "scope", "--scope"),
@@ -107,7 +107,7 @@ func (a *app) tokenCommand() *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "what the token is for (required)")
-	create.Flags().StringVar(&scope, "scope", "admin", "admin (operators) or enroll (agents registering)")
+	create.Flags().StringVar(&scope, "scope", "admin", "admin (everything), operator (execute, stop, retry, bind, commit, tag), viewer (read only) or enroll (agents registering)")
 	_ = create.MarkFlagRequired("name")
 	list := &cobra.Command{
 		Use:   "list",

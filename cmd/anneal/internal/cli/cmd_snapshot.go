@@ -230,7 +230,7 @@ func (a *app) snapshotListCommand() *cobra.Command {
 				return err
 			}
 			var snaps []snapshot
-			raw, err := c.GetJSON(cmd.Context(), "/api/v1/deployments/"+esc(dep)+"/snapshots", &snaps)
+			raw, err := getAll(cmd.Context(), c, "/api/v1/deployments/"+esc(dep)+"/snapshots", &snaps)
 			if err != nil {
 				return err
 			}

@@ -77,7 +77,7 @@ func (a *app) txShowCommand() *cobra.Command {
 				return err
 			}
 			var runs []run
-			rawRuns, err := c.GetJSON(cmd.Context(), "/api/v1/transactions/"+esc(args[0])+"/runs"+query("node", nodeRef, "state", state), &runs)
+			rawRuns, err := getAll(cmd.Context(), c, "/api/v1/transactions/"+esc(args[0])+"/runs"+query("node", nodeRef, "state", state), &runs)
 			if err != nil {
 				return err
 			}
@@ -175,7 +175,7 @@ func (a *app) txRetryCommand() *cobra.Command {
 			// The runs as they ended, so that following shows only what
 			// the retry changes.
 			var before []run
-			if _, err := c.GetJSON(cmd.Context(), "/api/v1/transactions/"+esc(args[0])+"/runs", &before); err != nil {
+			if _, err := getAll(cmd.Context(), c, "/api/v1/transactions/"+esc(args[0])+"/runs", &before); err != nil {
 				return err
 			}
 			seen := map[int64]string{}

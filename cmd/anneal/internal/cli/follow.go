@@ -85,7 +85,7 @@ func (a *app) poll(ctx context.Context, c *Client, id string) (followed, error) 
 		return f, err
 	}
 	f.raw = raw
-	if _, err := c.GetJSON(ctx, "/api/v1/transactions/"+esc(id)+"/runs", &f.runs); err != nil {
+	if _, err := getAll(ctx, c, "/api/v1/transactions/"+esc(id)+"/runs", &f.runs); err != nil {
 		return f, err
 	}
 	sort.Slice(f.runs, func(i, j int) bool { return f.runs[i].ID < f.runs[j].ID })
