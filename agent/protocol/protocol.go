@@ -242,8 +242,17 @@ func (s SoftwareSignal) MarshalJSON() ([]byte, error) {
 	return json.Marshal(m)
 }
 
+// FieldError is a reserved signal key of the wrong type or out of range.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+// Error names the key and says what it must be.
+func (e *FieldError) Error() string { return e.Field + " " + e.Reason }
+
 // UnmarshalJSON reads the flat form; reserved keys of the wrong type are
-// refused.
+// refused with a *FieldError.
 func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 	var m map[string]any
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -263,7 +272,7 @@ func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 		}
 		t, ok := v.(string)
 		if !ok {
-			return "", fmt.Errorf("%s must be a string", k)
+			return "", &FieldError{Field: k, Reason: "must be a string"}
 		}
 		return t, nil
 	}
@@ -282,11 +291,11 @@ func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 		case string: // shell hooks often send "0"
 			text = strings.TrimSpace(t)
 		default:
-			return 0, fmt.Errorf("%s must be an integer", k)
+			return 0, &FieldError{Field: k, Reason: "must be an integer"}
 		}
 		n, err := strconv.ParseInt(text, 10, 32)
 		if err != nil {
-			return 0, fmt.Errorf("%s must be an integer of 32 bits, not %s", k, text)
+			return 0, &FieldError{Field: k, Reason: fmt.Sprintf("must be an integer of 32 bits, not %s", text)}
 		}
 		return int(n), nil
 	}

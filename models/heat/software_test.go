@@ -30,7 +30,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	cfg, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{
 		Name: "c", Config: "true",
-		Inputs:  []heat.SoftwareIODef{{Name: "a", Default: "dflt"}, {Name: "b", Type: "number"}},
+		Inputs:  []heat.SoftwareIODef{{Name: "a", Default: "dflt"}, {Name: "b", Type: "Number"}},
 		Outputs: []heat.SoftwareIODef{{Name: "out"}, {Name: "err", ErrorOutput: true}},
 	})
 	require.NoError(t, err)
