@@ -110,8 +110,14 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "42", got.ResolvedInputs["a"])
 
+	// Actions are matched exactly, as documented: "undeploy" is not UNDEPLOY.
+	_, err = store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
+	var ie *models.InputError
+	require.True(t, errors.As(err, &ie), "%v", err)
+	assert.Equal(t, "action", ie.Field)
+
 	// A new round; the old round's signals are refused.
-	up, err := store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
+	up, err := store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "UNDEPLOY"}, noStart)
 	require.NoError(t, err)
 	assert.Equal(t, 2, up.Round)
 	assert.Equal(t, contract.ActionUndeploy, up.Action)
