@@ -112,7 +112,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 
 	// Actions are matched exactly, as documented: "undeploy" is not UNDEPLOY.
 	_, err = store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
-	var ie *models.InputError
+	ie = nil
 	require.True(t, errors.As(err, &ie), "%v", err)
 	assert.Equal(t, "action", ie.Field)
 
