@@ -48,8 +48,14 @@ type DeploymentInput struct {
 
 // CreateDeployment validates and creates a deployment.
 func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Deployment, error) {
-	if in.Name == "" {
-		return nil, Invalid("name", "is required")
+	if err := ValidName("name", "deployment", in.Name); err != nil {
+		return nil, err
+	}
+	if err := ValidLine("parent", in.Parent, MaxLineLen); err != nil {
+		return nil, err
+	}
+	if err := ValidLine("release", in.Release, MaxLineLen); err != nil {
+		return nil, err
 	}
 	if _, err := strconv.ParseInt(in.Name, 10, 64); err == nil {
 		return nil, Invalid("name", "%q must not be a number (numbers address deployments by id)", in.Name)

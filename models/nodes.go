@@ -70,6 +70,11 @@ func (s *Store) EnrollNodeThen(ctx context.Context, in NodeInput, withCredential
 	if err := ValidateNodeName(in.Name, s.Domain); err != nil {
 		return nil, "", false, err
 	}
+	for _, check := range []error{ValidBootID("boot_id", in.BootID), ValidAddress("address", in.Address), ValidLine("deployment", in.Deployment, MaxLineLen)} {
+		if check != nil {
+			return nil, "", false, check
+		}
+	}
 	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		ref := in.Deployment
 		if ref == "" {
@@ -142,6 +147,12 @@ func (s *Store) EnrollNodeThen(ctx context.Context, in NodeInput, withCredential
 // and address as last reported. Revived says it was not alive before (the
 // annealer may now give it work).
 func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address string) (node *Node, revived bool, err error) {
+	if err := ValidBootID("boot_id", bootID); err != nil {
+		return nil, false, err
+	}
+	if err := ValidAddress("address", address); err != nil {
+		return nil, false, err
+	}
 	var was []bool
 	err = s.DB.WithContext(ctx).Raw(`UPDATE nodes n SET alive = true, last_seen_at = now(), boot_id = ?,
 			address = CASE WHEN ? <> '' THEN ? ELSE n.address END, updated_at = now()
@@ -223,6 +234,16 @@ type NodeUpdate struct {
 // and its own name to the node's tags; removing a role removes the tags it
 // brought (tags added by hand stay).
 func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Node, error) {
+	if up.Deployment != nil {
+		if err := ValidLine("deployment", *up.Deployment, MaxLineLen); err != nil {
+			return nil, err
+		}
+	}
+	if up.Roles != nil {
+		if err := MaxItems("roles", len(*up.Roles), MaxListLen); err != nil {
+			return nil, err
+		}
+	}
 	var out *Node
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		node, oldDep, err := LockNode(tx, ref)

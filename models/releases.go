@@ -90,8 +90,8 @@ func (s *Store) ImportRelease(ctx context.Context, spec ReleaseSpec) (*Release, 
 // nothing is written and the answer is a ConflictError. Redundant
 // requirements (see RedundantRequirements) are allowed and reported.
 func (s *Store) ImportReleaseWithWarnings(ctx context.Context, spec ReleaseSpec) (*ImportedRelease, error) {
-	if spec.Name == "" {
-		return nil, Invalid("name", "is required")
+	if err := validateReleaseSpec(spec); err != nil {
+		return nil, err
 	}
 	roleNames := slices.Sorted(maps.Keys(spec.RolesMetadata))
 	requires := make(map[string][]string, len(roleNames))
@@ -419,4 +419,68 @@ func releaseSections() []ReleaseSection {
 	sectionsMu.RLock()
 	defer sectionsMu.RUnlock()
 	return slices.Clone(sections)
+}
+
+// validateReleaseSpec checks a release's names, texts and lists against the
+// validation vocabulary (validate.go) before anything else looks at it.
+func validateReleaseSpec(spec ReleaseSpec) error {
+	if err := ValidName("name", "release", spec.Name); err != nil {
+		return err
+	}
+	if err := ValidVersion("version", spec.Version); err != nil {
+		return err
+	}
+	if err := MaxItems("roles_metadata", len(spec.RolesMetadata), MaxListLen); err != nil {
+		return err
+	}
+	if err := MaxItems("tags_metadata", len(spec.TagsMetadata), MaxListLen); err != nil {
+		return err
+	}
+	if err := MaxItems("graphs", len(spec.Graphs), 100); err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(spec.RolesMetadata)) {
+		r := spec.RolesMetadata[name]
+		field := "roles_metadata." + Clip(name)
+		if err := ValidName(field, "role", name); err != nil {
+			return err
+		}
+		if err := ValidLine(field+".name", r.Name, MaxLineLen); err != nil {
+			return err
+		}
+		if r.Jig != "" {
+			if err := OneOf(field+".jig", r.Jig, KnownJigs...); err != nil {
+				return err
+			}
+		}
+		for _, l := range []struct {
+			name string
+			list []string
+		}{{"requires", r.Requires}, {"tags", r.Tags}, {"flags", r.Flags}} {
+			if err := MaxItems(field+"."+l.name, len(l.list), MaxListLen); err != nil {
+				return err
+			}
+		}
+		for i, tag := range r.Tags {
+			if err := ValidTagEntry(fmt.Sprintf("%s.tags[%d]", field, i), tag, false); err != nil {
+				return err
+			}
+		}
+		if err := ValidText(field+".script", r.Script, MaxTextLen); err != nil {
+			return err
+		}
+		if err := ValidateMap(field+".template", r.Template); err != nil {
+			return err
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(spec.TagsMetadata)) {
+		field := "tags_metadata." + Clip(name)
+		if err := ValidTagEntry(field, name, false); err != nil {
+			return err
+		}
+		if err := ValidLine(field+".name", spec.TagsMetadata[name].Name, MaxLineLen); err != nil {
+			return err
+		}
+	}
+	return nil
 }

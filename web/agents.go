@@ -391,31 +391,15 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"run_id": run.ID, "state": run.State})
 }
 
-// bindRunResult reads an agent's report. A timestamp that does not parse is
-// a 400 naming its field (the JSON decoder alone would name only "body");
-// ranges are checked by the store.
+// bindRunResult reads an agent's report strictly (a bad timestamp is a 400
+// naming its field); NUL characters in its output are let through, as the
+// store strips them, and ranges are checked by the store.
 func bindRunResult(c echo.Context, res *protocol.RunResult) error {
-	body, err := io.ReadAll(c.Request().Body)
+	body, err := readBody(c)
 	if err != nil {
-		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "cannot read the body: " + err.Error()}
-	}
-	c.Request().Body = io.NopCloser(bytes.NewReader(body))
-	err = bindStrict(c, res)
-	var in *models.InputError
-	if err == nil || !errors.As(err, &in) || in.Field != "body" {
 		return err
 	}
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) == nil {
-		for _, name := range []string{"started_at", "finished_at"} {
-			var t time.Time
-			if raw, ok := fields[name]; ok && json.Unmarshal(raw, &t) != nil {
-				return &models.InputError{Status: http.StatusBadRequest, Field: name,
-					Reason: fmt.Sprintf("%s is not an RFC 3339 time like 2006-01-02T15:04:05Z", raw)}
-			}
-		}
-	}
-	return err
+	return decodeStrict(body, res, true, true)
 }
 
 // workHub wakes long polls of one node when Postgres announces work for it.

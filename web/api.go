@@ -1,7 +1,9 @@
 package web
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -143,9 +145,9 @@ func (s *Server) getDeployment(c echo.Context) error {
 // is the stored release plus "warnings" (redundant role requirements), which
 // do not stop the import.
 func (s *Server) importRelease(c echo.Context) error {
-	body, err := io.ReadAll(c.Request().Body)
+	body, err := readBody(c)
 	if err != nil {
-		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: err.Error()}
+		return err
 	}
 	spec, err := ParseRelease(body, c.Request().Header.Get(echo.HeaderContentType))
 	if err != nil {
@@ -159,18 +161,34 @@ func (s *Server) importRelease(c echo.Context) error {
 }
 
 // ParseRelease decodes a release document: JSON when the content type says
-// so, YAML otherwise (YAML is a superset of JSON).
+// so, YAML otherwise (YAML is a superset of JSON). Either must be exactly one
+// document holding an object (a mapping): trailing data, a second document
+// or null is a 400.
 func ParseRelease(body []byte, contentType string) (*models.ReleaseSpec, error) {
 	var spec models.ReleaseSpec
 	if strings.Contains(contentType, "json") {
-		dec := json.NewDecoder(strings.NewReader(string(body)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&spec); err != nil {
-			return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed release JSON: " + err.Error()}
+		if err := decodeStrict(body, &spec, true, false); err != nil {
+			return nil, err
 		}
 		return &spec, nil
 	}
-	dec := yaml.NewDecoder(strings.NewReader(string(body)))
+	// The shape first: one document whose root is a mapping.
+	var root yaml.Node
+	shape := yaml.NewDecoder(bytes.NewReader(body))
+	if err := shape.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "empty body; send a release document"}
+		}
+		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed release YAML: " + err.Error()}
+	}
+	if len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
+		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "a release document must be a mapping (name, version, roles_metadata, ...), not null, a list or a scalar"}
+	}
+	var next yaml.Node
+	if err := shape.Decode(&next); !errors.Is(err, io.EOF) {
+		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "trailing data after the release document (send one document per request)"}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(body))
 	dec.KnownFields(true)
 	if err := dec.Decode(&spec); err != nil {
 		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed release YAML: " + err.Error()}

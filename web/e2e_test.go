@@ -378,8 +378,8 @@ roles_metadata:
 graphs:
   deployment:
     tasks:
-      - {id: a, tags: [controller], requires: [b], parameters: {cmd: "true"}}
-      - {id: b, tags: [controller], requires: [a], parameters: {cmd: "true"}}
+      - {id: a, tags: [controller], cross_depends: [{name: b}], parameters: {cmd: "true"}}
+      - {id: b, tags: [controller], cross_depends: [{name: a}], parameters: {cmd: "true"}}
 `
 	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken, testenv.YAML(cyclic), nil)
 	require.Equal(t, http.StatusCreated, status, "%s", body)

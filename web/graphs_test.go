@@ -236,8 +236,8 @@ func TestGraphCRUDEachLevel(t *testing.T) {
 			bad = graphRefused(t, st, http.MethodPatch, base+"custom", map[string]any{
 				"name":  "renamed",
 				"tasks": []any{map[string]any{"id": "after", "parameters": map[string]any{"timeout": -1}}},
-			}, http.StatusUnprocessableEntity, "tasks")
-			assert.Contains(t, bad.Error.Message, "must not be negative")
+			}, http.StatusUnprocessableEntity, "tasks[0].parameters.timeout")
+			assert.Contains(t, bad.Error.Message, "must be between 0 and 604800")
 			// A task name no level defines: refused at once by a release
 			// (the base level) or a deployment (its merged graph is known);
 			// a plugin's references are checked where it is enabled.
@@ -392,12 +392,21 @@ func TestGraphMergeAndDOT(t *testing.T) {
 	assert.NotContains(t, gv, "extra-task")
 	graphRefused(t, st, http.MethodGet, "/api/v1/deployments/d1/graphs/teleport/graph.gv", nil, http.StatusNotFound, "")
 
-	// A cycle is stored (it depends on the nodes) but graph.gv, like
-	// execute, refuses it with its path.
-	graphOK(t, st, http.MethodPut, "/api/v1/deployments/d1/graphs/loop", map[string]any{
+	// A cycle of same-node orderings is refused when written, with its
+	// path in task ids.
+	refused = graphRefused(t, st, http.MethodPut, "/api/v1/deployments/d1/graphs/loop", map[string]any{
 		"tasks": []any{
 			map[string]any{"id": "a", "tags": []string{"controller"}, "requires": []string{"b"}},
 			map[string]any{"id": "b", "tags": []string{"controller"}, "requires": []string{"a"}},
+		},
+	}, http.StatusUnprocessableEntity, "tasks")
+	assert.Equal(t, []any{"a", "b", "a"}, refused.Error.Details["cycle"])
+	// A cycle through cross dependencies depends on the nodes: it is
+	// stored, but graph.gv, like execute, refuses it with its path.
+	graphOK(t, st, http.MethodPut, "/api/v1/deployments/d1/graphs/loop", map[string]any{
+		"tasks": []any{
+			map[string]any{"id": "a", "tags": []string{"controller"}, "cross_depends": []any{map[string]any{"name": "b"}}},
+			map[string]any{"id": "b", "tags": []string{"controller"}, "cross_depends": []any{map[string]any{"name": "a"}}},
 		},
 	}, http.StatusCreated, nil)
 	cycle := graphRefused(t, st, http.MethodGet, "/api/v1/deployments/d1/graphs/loop/graph.gv", nil, http.StatusUnprocessableEntity, "tasks")

@@ -4,6 +4,7 @@
 package web
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -341,10 +344,10 @@ func (s *Server) handleError(err error, c echo.Context) {
 		status, body = http.StatusNotFound, protocol.ErrorDetail{Code: "not_found", Message: err.Error()}
 	case errors.Is(err, models.ErrForbidden):
 		status, body = http.StatusForbidden, protocol.ErrorDetail{Code: "forbidden", Message: err.Error()}
-	case isNULRefused(err):
-		status, body = http.StatusUnprocessableEntity, protocol.ErrorDetail{Code: "invalid_input",
-			Message: "text and JSON values cannot contain NUL (\\u0000) characters; nothing was written",
-			Details: map[string]any{"field": "body", "reason": "contains a NUL character"}}
+	case inputRefused(err) != nil:
+		ie := inputRefused(err)
+		status, body = ie.Status, protocol.ErrorDetail{Code: "invalid_input", Message: ie.Error() + "; nothing was written",
+			Details: map[string]any{"field": ie.Field, "reason": ie.Reason}}
 	case isReferenceGone(err):
 		status, body = http.StatusConflict, protocol.ErrorDetail{Code: "conflict",
 			Message: "something this request refers to was removed by another request meanwhile; nothing was written, look again and retry"}
@@ -359,12 +362,48 @@ func (s *Server) handleError(err error, c echo.Context) {
 	}
 }
 
-// isNULRefused reports whether Postgres refused a value for holding a NUL
-// character (text and jsonb cannot store one): bad input, not a fault. The
-// statement failed, so its transaction wrote nothing.
-func isNULRefused(err error) bool {
+// inputRefused maps an error the database (or its driver) gave because of
+// what the request carried — a value too long, out of range, of the wrong
+// form, holding a NUL, too many parameters — to bad input naming the field
+// where Postgres says which (else "body"); nil for any other error. The
+// statement failed, so its transaction wrote nothing. The routes validate
+// their input first (models/validate.go): this is the net under them, so
+// that input never causes a 5xx.
+func inputRefused(err error) *models.InputError {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && (pg.Code == "22P05" || pg.Code == "22021")
+	if errors.As(err, &pg) {
+		field := pg.ColumnName
+		if field == "" {
+			field = "body"
+		}
+		reason := pg.Message
+		switch {
+		case pg.Code == "22P05" || pg.Code == "22021":
+			reason = "text and JSON values cannot contain NUL (\\u0000) characters"
+		case pg.Code == "22001":
+			reason = "a value is too long: " + pg.Message
+		case pg.Code == "22003":
+			reason = "a number is out of range: " + pg.Message
+		case strings.HasPrefix(pg.Code, "22"), pg.Code == "23502", pg.Code == "23514":
+			// Data exceptions (invalid text representation, bad time,
+			// bad regular expression, ...), a missing or unacceptable value.
+		case pg.Code == "54000" || pg.Code == "54001" || pg.Code == "08P01":
+			// Program limits (an index row or statement too large) and
+			// protocol limits: too much input in one request.
+			return &models.InputError{Status: http.StatusRequestEntityTooLarge, Field: field, Reason: "the request is too large for the database: " + pg.Message}
+		default:
+			return nil
+		}
+		return &models.InputError{Status: http.StatusUnprocessableEntity, Field: field, Reason: reason}
+	}
+	// pgx refuses a statement of more than 65535 parameters before sending
+	// it (a list of ids too long): the routes cap their lists, this is the
+	// net under them.
+	if msg := err.Error(); strings.Contains(msg, "extended protocol limited to") {
+		return &models.InputError{Status: http.StatusRequestEntityTooLarge, Field: "body",
+			Reason: fmt.Sprintf("a list in the request is too long (at most %d entries)", models.MaxListLen)}
+	}
+	return nil
 }
 
 // isReferenceGone reports a foreign-key violation: requests check what
@@ -375,34 +414,215 @@ func isReferenceGone(err error) bool {
 	return errors.As(err, &pg) && pg.Code == "23503"
 }
 
-// bindStrict decodes a JSON body, refusing unknown fields and naming the
-// field of a type mismatch.
+// bindStrict decodes a JSON body strictly: one JSON object (not null, not
+// followed by anything), no unknown fields, and a bad value named by its
+// field — a type mismatch, a NUL character, a timestamp that does not parse.
 func bindStrict(c echo.Context, v any) error {
-	dec := json.NewDecoder(c.Request().Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var syntax *json.SyntaxError
-		var typ *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &syntax):
-			return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err)}
-		case errors.Is(err, io.ErrUnexpectedEOF):
-			return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed JSON: the body ends in the middle of a value"}
-		case errors.As(err, &typ):
-			return &models.InputError{Status: http.StatusBadRequest, Field: typ.Field, Reason: fmt.Sprintf("must be %s, not %s", typ.Type, typ.Value)}
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-			return &models.InputError{Status: http.StatusBadRequest, Field: field, Reason: "unknown field"}
-		case err.Error() == "EOF":
-			return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "empty body; send a JSON object"}
-		default:
-			return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: err.Error()}
-		}
+	body, err := readBody(c)
+	if err != nil {
+		return err
 	}
-	if dec.More() {
-		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "trailing data after the JSON object"}
+	return decodeStrict(body, v, true, false)
+}
+
+// readBody reads the whole body; a body over the limit stays the 413 the
+// body-limit middleware gives.
+func readBody(c echo.Context) ([]byte, error) {
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		var he *echo.HTTPError
+		if errors.As(err, &he) {
+			return nil, he
+		}
+		return nil, &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "cannot read the body: " + err.Error()}
+	}
+	return body, nil
+}
+
+// decodeStrict decodes body, which must hold exactly one JSON object, into
+// v; known says whether unknown fields are refused, nulOK whether NUL
+// characters are let through (agents' reports of command output, which the
+// store strips of them).
+func decodeStrict(body []byte, v any, known, nulOK bool) error {
+	trimmed := bytes.TrimSpace(body)
+	switch {
+	case len(trimmed) == 0:
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "empty body; send a JSON object"}
+	case bytes.Equal(trimmed, []byte("null")):
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "null is not a JSON object; send an object"}
+	case trimmed[0] != '{':
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "the body must be a JSON object {...}"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if known {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(v); err != nil {
+		return decodeError(body, v, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "trailing data after the JSON object (send one JSON value per request)"}
+	}
+	if field := nulField(body); field != "" && !nulOK {
+		return &models.InputError{Field: field, Reason: "must not contain a NUL (\\u0000) character"}
 	}
 	return nil
+}
+
+// decodeError names the field of a decoding error where it can be known.
+func decodeError(body []byte, v any, err error) error {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var fe *protocol.FieldError
+	switch {
+	case errors.As(err, &syntax):
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err)}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "malformed JSON: the body ends in the middle of a value"}
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			field = "body"
+		}
+		return &models.InputError{Status: http.StatusBadRequest, Field: field, Reason: fmt.Sprintf("must be %s, not %s", typ.Type, models.Clip(typ.Value))}
+	case errors.As(err, &fe):
+		return &models.InputError{Status: http.StatusBadRequest, Field: fe.Field, Reason: fe.Reason}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return &models.InputError{Status: http.StatusBadRequest, Field: field, Reason: "unknown field"}
+	}
+	if field := badTimeField(body, reflect.TypeOf(v)); field != "" {
+		return &models.InputError{Status: http.StatusBadRequest, Field: field, Reason: "is not an RFC 3339 time like 2006-01-02T15:04:05Z"}
+	}
+	return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: err.Error()}
+}
+
+// nulField returns the path of the first string or key (in sorted key
+// order) that holds a NUL character, or "". Postgres cannot store one in
+// text or jsonb, and the answer should name the field, not the body.
+func nulField(body []byte) string {
+	if !bytes.Contains(body, []byte(`\u0000`)) {
+		return ""
+	}
+	var doc any
+	if json.Unmarshal(body, &doc) != nil {
+		return ""
+	}
+	return findJSON(doc, "", func(s string) bool { return strings.ContainsRune(s, 0) })
+}
+
+// findJSON walks a decoded JSON value and returns the path of the first
+// string (value or key) for which bad holds.
+func findJSON(v any, path string, bad func(string) bool) string {
+	join := func(k string) string {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	switch x := v.(type) {
+	case string:
+		if bad(x) {
+			return orBody(path)
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if bad(k) {
+				return join(strings.ReplaceAll(k, "\x00", `\u0000`))
+			}
+			if f := findJSON(x[k], join(k), bad); f != "" {
+				return f
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if f := findJSON(e, fmt.Sprintf("%s[%d]", path, i), bad); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
+}
+
+func orBody(path string) string {
+	if path == "" {
+		return "body"
+	}
+	return path
+}
+
+var timeType = reflect.TypeOf(time.Time{})
+
+// badTimeField finds, among the time fields of t (a struct, through
+// pointers, nested structs and slices), one whose value in body is not an
+// RFC 3339 time, and returns its JSON path.
+func badTimeField(body []byte, t reflect.Type) string {
+	var doc any
+	if json.Unmarshal(body, &doc) != nil {
+		return ""
+	}
+	return timeWalk(doc, t, "", 0)
+}
+
+func timeWalk(v any, t reflect.Type, path string, depth int) string {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || depth > 8 || v == nil {
+		return ""
+	}
+	if t == timeType {
+		var tm time.Time
+		raw, _ := json.Marshal(v)
+		if json.Unmarshal(raw, &tm) != nil {
+			return orBody(path)
+		}
+		return ""
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			sub, ok := obj[name]
+			if !ok {
+				continue
+			}
+			p := name
+			if path != "" {
+				p = path + "." + name
+			}
+			if r := timeWalk(sub, f.Type, p, depth+1); r != "" {
+				return r
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		arr, ok := v.([]any)
+		if !ok {
+			return ""
+		}
+		for i, e := range arr {
+			if r := timeWalk(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i), depth+1); r != "" {
+				return r
+			}
+		}
+	}
+	return ""
 }
 
 // authTTL bounds how long a verified token is trusted without asking the

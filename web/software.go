@@ -2,7 +2,6 @@ package web
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -332,9 +331,16 @@ func (s *Server) agentSoftwareSignal(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// A signal is one flat JSON object of outputs with deploy_stdout,
+	// deploy_stderr and deploy_status_code; its output may hold NUL
+	// characters, which the store strips.
 	var sig protocol.SoftwareSignal
-	if err := json.NewDecoder(c.Request().Body).Decode(&sig); err != nil {
-		return &models.InputError{Status: http.StatusBadRequest, Field: "body", Reason: "a signal is a JSON object of outputs with deploy_stdout, deploy_stderr, deploy_status_code: " + err.Error()}
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	if err := decodeStrict(body, &sig, false, true); err != nil {
+		return err
 	}
 	ctx := c.Request().Context()
 	rec, err := s.heat.RecordSoftwareSignal(ctx, principal(c).NodeID, id, sig)

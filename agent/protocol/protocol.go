@@ -275,7 +275,7 @@ func (s SoftwareSignal) MarshalJSON() ([]byte, error) {
 }
 
 // UnmarshalJSON reads the flat form; reserved keys of the wrong type are
-// refused.
+// refused with a *FieldError.
 func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 	var m map[string]any
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -295,7 +295,7 @@ func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 		}
 		t, ok := v.(string)
 		if !ok {
-			return "", fmt.Errorf("%s must be a string", k)
+			return "", &FieldError{Field: k, Reason: "must be a string"}
 		}
 		return t, nil
 	}
@@ -314,11 +314,11 @@ func (s *SoftwareSignal) UnmarshalJSON(b []byte) error {
 		case string: // shell hooks often send "0"
 			text = strings.TrimSpace(t)
 		default:
-			return 0, fmt.Errorf("%s must be an integer", k)
+			return 0, &FieldError{Field: k, Reason: "must be an integer"}
 		}
 		n, err := strconv.ParseInt(text, 10, 32)
 		if err != nil {
-			return 0, fmt.Errorf("%s must be an integer of 32 bits, not %s", k, text)
+			return 0, &FieldError{Field: k, Reason: fmt.Sprintf("must be an integer of 32 bits, not %s", text)}
 		}
 		return int(n), nil
 	}

@@ -25,6 +25,6 @@ func TestSoftwareSignalRanges(t *testing.T) {
 	} {
 		err := json.Unmarshal([]byte(tc.body), &sig)
 		require.Error(t, err, tc.body)
-		assert.Regexp(t, "^"+tc.key+" must be an integer", err.Error(), tc.body)
+		assert.Regexp(t, "^"+tc.key+": must be an integer", err.Error(), tc.body)
 	}
 }

@@ -166,6 +166,12 @@ func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deplo
 	if err != nil {
 		return nil, AudreyInputError(err, 0)
 	}
+	if err := validateDocumentLimits(doc); err != nil {
+		return nil, err
+	}
+	if err := models.ValidLine("deployment", deploymentRef, models.MaxLineLen); err != nil {
+		return nil, err
+	}
 	if errs := aeolus.Validate(doc); len(errs) > 0 {
 		return nil, AudreyInputError(errs, 0)
 	}
@@ -611,4 +617,119 @@ func (s *Store) DeleteDeployable(ctx context.Context, ref string) (*DeletedDeplo
 		return nil, err
 	}
 	return out, nil
+}
+
+// validateDocumentLimits applies the validation vocabulary to a deployable
+// document before its Aeolus checks: the deployable's, templates' and
+// assemblies' names and instance names follow the name grammar (they name
+// nodes and URLs); other strings are one line; values are bounded texts;
+// every list is capped.
+func validateDocumentLimits(doc *aeolus.Document) error {
+	line := func(field, s string) error { return models.ValidLine(field, s, models.MaxLineLen) }
+	name := func(field, kind, s string) error {
+		if s == "" {
+			return nil // aeolus.Validate says what is required
+		}
+		return models.ValidName(field, kind, s)
+	}
+	if err := name("deployable.name", "deployable", doc.Deployable.Name); err != nil {
+		return err
+	}
+	for _, l := range []struct {
+		field string
+		n     int
+	}{{"templates", len(doc.Templates)}, {"assemblies", len(doc.Assemblies)}, {"deployable.assemblies", len(doc.Deployable.Assemblies)}} {
+		if err := models.MaxItems(l.field, l.n, models.MaxListLen); err != nil {
+			return err
+		}
+	}
+	for i, t := range doc.Templates {
+		f := fmt.Sprintf("templates[%d]", i)
+		if err := name(f+".name", "template", t.Name); err != nil {
+			return err
+		}
+		for _, v := range []struct{ field, s string }{{".os.name", t.OS.Name}, {".os.version", t.OS.Version}, {".description", t.Description}} {
+			if err := line(f+v.field, v.s); err != nil {
+				return err
+			}
+		}
+		if err := models.MaxItems(f+".services", len(t.Services), models.MaxListLen); err != nil {
+			return err
+		}
+		for j, svc := range t.Services {
+			sf := fmt.Sprintf("%s.services[%d]", f, j)
+			if err := line(sf+".name", svc.Name); err != nil {
+				return err
+			}
+			if err := models.MaxItems(sf+".scripts", len(svc.Scripts), models.MaxListLen); err != nil {
+				return err
+			}
+			for k, sc := range svc.Scripts {
+				if err := line(fmt.Sprintf("%s.scripts[%d]", sf, k), sc); err != nil {
+					return err
+				}
+			}
+			if err := models.MaxItems(sf+".parameters", len(svc.Parameters), models.MaxListLen); err != nil {
+				return err
+			}
+			for k, p := range svc.Parameters {
+				if err := line(fmt.Sprintf("%s.parameters[%d].name", sf, k), p.Name); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for i, a := range doc.Assemblies {
+		f := fmt.Sprintf("assemblies[%d]", i)
+		if err := name(f+".name", "assembly", a.Name); err != nil {
+			return err
+		}
+		if err := line(f+".template", a.Template); err != nil {
+			return err
+		}
+		if err := models.MaxItems(f+".services", len(a.Services), models.MaxListLen); err != nil {
+			return err
+		}
+		for j, svc := range a.Services {
+			sf := fmt.Sprintf("%s.services[%d]", f, j)
+			if err := line(sf+".name", svc.Name); err != nil {
+				return err
+			}
+			if err := models.MaxItems(sf+".parameters", len(svc.Parameters), models.MaxListLen); err != nil {
+				return err
+			}
+			for k, p := range svc.Parameters {
+				pf := fmt.Sprintf("%s.parameters[%d]", sf, k)
+				if err := line(pf+".name", p.Name); err != nil {
+					return err
+				}
+				if p.Value != nil {
+					if err := models.ValidText(pf+".value", *p.Value, models.MaxTextLen); err != nil {
+						return err
+					}
+				}
+				if r := p.Reference; r != nil {
+					for _, v := range []struct{ field, s string }{{".assembly", r.Assembly}, {".assembly_type", r.AssemblyType},
+						{".service", r.Service}, {".match_type", r.MatchType}, {".provided_parameter", r.ProvidedParameter}} {
+						if err := line(pf+".reference"+v.field, v.s); err != nil {
+							return err
+						}
+					}
+				}
+			}
+		}
+	}
+	for i, a := range doc.Deployable.Assemblies {
+		f := fmt.Sprintf("deployable.assemblies[%d]", i)
+		if err := name(f+".name", "instance", a.Name); err != nil {
+			return err
+		}
+		if err := line(f+".type", a.Type); err != nil {
+			return err
+		}
+		if err := line(f+".hwp", a.HWP); err != nil {
+			return err
+		}
+	}
+	return nil
 }

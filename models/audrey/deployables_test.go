@@ -34,7 +34,7 @@ assemblies:
 deployable:
   name: Pair_One
   assemblies:
-    - {name: Src A, type: source}
+    - {name: Src_A, type: source}
     - {name: src-b, type: source}
     - {name: sink, type: sink}
 `

@@ -80,6 +80,9 @@ func (s *Store) DeploymentRole(ctx context.Context, deploymentRef, roleRef strin
 // The defaults seed the user data of noderoles bound from now on; existing
 // noderoles keep theirs.
 func (s *Store) SetDeploymentRole(ctx context.Context, deploymentRef, roleRef string, data map[string]any) (*DeploymentRoleView, bool, error) {
+	if err := models.ValidateMap("data", data); err != nil {
+		return nil, false, err
+	}
 	if data == nil {
 		return nil, false, models.Invalid("data", "is required: a JSON object")
 	}

@@ -206,6 +206,12 @@ type BindInput struct {
 // returns the noderole and whether it was created (false: the binding
 // already existed).
 func (s *Store) BindRole(ctx context.Context, snapshotID int64, in BindInput) (*NodeRole, bool, error) {
+	if err := models.ValidLine("node", in.Node, models.MaxLineLen); err != nil {
+		return nil, false, err
+	}
+	if err := models.ValidLine("role", in.Role, models.MaxLineLen); err != nil {
+		return nil, false, err
+	}
 	if in.Node == "" {
 		return nil, false, models.Invalid("node", "is required")
 	}
@@ -492,6 +498,9 @@ func loadNodeRole(tx *gorm.DB, id int64, lock bool) (*NodeRole, error) {
 // snapshot. An edited noderole goes back to proposed, so that committing
 // runs it again.
 func (s *Store) UpdateNodeRole(ctx context.Context, id int64, userData map[string]any) (*NodeRole, error) {
+	if err := models.ValidateMap("user_data", userData); err != nil {
+		return nil, err
+	}
 	if userData == nil {
 		return nil, models.Invalid("user_data", "is required (a JSON object)")
 	}

@@ -344,8 +344,10 @@ func (s *Store) DeleteGraph(ctx context.Context, o GraphOwner, graphType string)
 // defined below them. Then the merged graph of every deployment that sees
 // the owner's graph: a deployment's own write must leave its merged graph
 // valid; a release's or plugin's write (and any delete) must not break a
-// deployment whose merged graph was valid before it. Cycles are not checked
-// here: they depend on the nodes, and execute and graph.gv report them.
+// deployment whose merged graph was valid before it. A cycle of same-node
+// orderings (requires, required_for) is refused here with its path; cycles
+// through cross dependencies depend on the nodes, and execute and graph.gv
+// report them.
 func (s *Store) writeGraph(ctx context.Context, o GraphOwner, graphType string, op graphOp, in GraphInput) (*Graph, bool, error) {
 	if op != opDelete {
 		if err := validateGraphInput(o.Kind, graphType, op, in); err != nil {
@@ -456,8 +458,16 @@ func validateGraphInput(kind, graphType string, op graphOp, in GraphInput) error
 	if in.Type != "" && in.Type != graphType {
 		return models.Invalid("type", "%q does not match the graph type %q in the path", in.Type, graphType)
 	}
-	if in.Name != nil && len(*in.Name) > maxGraphName {
-		return models.Invalid("name", "must be at most %d characters", maxGraphName)
+	if in.Name != nil {
+		if err := models.ValidLine("name", *in.Name, maxGraphName); err != nil {
+			return err
+		}
+	}
+	if err := models.ValidateMap("metadata", in.Metadata); err != nil {
+		return err
+	}
+	if err := ValidateTasks("tasks", in.Tasks); err != nil {
+		return err
 	}
 	if op != opPatch {
 		return validateOwnTasks(kind, in.Tasks)
@@ -571,6 +581,10 @@ func tasksError(err error) *models.InputError {
 			out.Details["task"] = verr.Task
 		}
 		out.Details["task_field"] = verr.Field
+	}
+	var cycle *plan.CycleError
+	if errors.As(err, &cycle) {
+		out.Details["cycle"] = cycle.Path
 	}
 	return out
 }

@@ -69,8 +69,8 @@ func validatePlugin(in PluginInput) error {
 	case !pluginVersionRe.MatchString(in.Version):
 		return models.Invalid("version", "%q must start with a letter or digit and contain only letters, digits, '.', '_', '+' and '-'", in.Version)
 	}
-	if len(in.Title) > maxPluginTitle {
-		return models.Invalid("title", "must be at most %d characters", maxPluginTitle)
+	if err := models.ValidLine("title", in.Title, maxPluginTitle); err != nil {
+		return err
 	}
 	return nil
 }

@@ -20,8 +20,24 @@ func init() {
 
 func validateReleaseGraphs(spec models.ReleaseSpec) error {
 	for _, typ := range slices.Sorted(maps.Keys(spec.Graphs)) {
-		if err := plan.Validate(spec.Graphs[typ].Tasks); err != nil {
-			return models.Invalid(fmt.Sprintf("graphs.%s.tasks", typ), "%v", err)
+		g := spec.Graphs[typ]
+		field := "graphs." + models.Clip(typ)
+		if err := ValidateGraphType(typ); err != nil {
+			return models.Invalid(field, "%s", err.(*models.InputError).Reason)
+		}
+		if err := models.ValidLine(field+".name", g.Name, maxGraphName); err != nil {
+			return err
+		}
+		if err := models.ValidateMap(field+".metadata", g.Metadata); err != nil {
+			return err
+		}
+		if err := ValidateTasks(field+".tasks", g.Tasks); err != nil {
+			return err
+		}
+		if err := plan.Validate(g.Tasks); err != nil {
+			ie := tasksError(err)
+			ie.Field = field + ".tasks"
+			return ie
 		}
 	}
 	return nil

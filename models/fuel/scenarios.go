@@ -166,8 +166,8 @@ func validateScenario(tx *gorm.DB, in ScenarioInput) ([]ScenarioAct, error) {
 		if err != nil {
 			return nil, err
 		}
-		if a.MaxNodesInFlight != nil && *a.MaxNodesInFlight < 1 {
-			return nil, models.Invalid(field+".max_nodes_in_flight", "must be at least 1 (or omitted for the transaction's default), not %d", *a.MaxNodesInFlight)
+		if a.MaxNodesInFlight != nil && (*a.MaxNodesInFlight < 1 || *a.MaxNodesInFlight > models.MaxNodesInFlight) {
+			return nil, models.Invalid(field+".max_nodes_in_flight", "must be at least 1 and at most %d (or omitted for the transaction's default), not %d", models.MaxNodesInFlight, *a.MaxNodesInFlight)
 		}
 		if a.FailureThreshold != nil && (*a.FailureThreshold < 0 || *a.FailureThreshold > 100) {
 			return nil, models.Invalid(field+".failure_threshold", "is a percentage of failed nodes: it must be between 0 and 100, not %d", *a.FailureThreshold)

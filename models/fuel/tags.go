@@ -70,8 +70,6 @@ func ValidateTagName(name string) error {
 	switch {
 	case name == "":
 		return models.Invalid("name", "is required")
-	case len(name) > 255:
-		return models.Invalid("name", "%q is longer than 255 characters", name)
 	case strings.IndexFunc(name, unicode.IsSpace) >= 0:
 		return models.Invalid("name", "%q must not contain whitespace", name)
 	case strings.Contains(name, ":"):
@@ -81,7 +79,7 @@ func ValidateTagName(name string) error {
 	case name == plan.Any || strings.HasPrefix(name, "/"):
 		return models.Invalid("name", "%q reads as a task selector (\"*\" or \"/regex/\")", name)
 	}
-	return nil
+	return models.ValidName("name", "tag", name)
 }
 
 // tagMetadataMap is a tags_metadata entry as a tag's metadata: every field
@@ -296,6 +294,15 @@ func (s *Store) CreateTag(ctx context.Context, in TagInput) (*Tag, error) {
 	if err := ValidateTagName(in.Name); err != nil {
 		return nil, err
 	}
+	if err := models.ValidLine("release", in.Release, models.MaxLineLen); err != nil {
+		return nil, err
+	}
+	if err := models.ValidLine("deployment", in.Deployment, models.MaxLineLen); err != nil {
+		return nil, err
+	}
+	if err := models.ValidateMap("metadata", in.Metadata); err != nil {
+		return nil, err
+	}
 	if err := oneTagOwner(in.Release, in.Deployment); err != nil {
 		return nil, err
 	}
@@ -394,6 +401,11 @@ type TagUpdate struct {
 
 // UpdateTag modifies a tag that no role produces.
 func (s *Store) UpdateTag(ctx context.Context, id int64, up TagUpdate) (*Tag, error) {
+	if up.Metadata != nil {
+		if err := models.ValidateMap("metadata", *up.Metadata); err != nil {
+			return nil, err
+		}
+	}
 	var out *Tag
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		tag, err := loadTag(tx, id, true)
@@ -587,6 +599,14 @@ func (s *Store) AssignTags(ctx context.Context, ref string, tags []string) (*Nod
 	if len(tags) == 0 {
 		return nil, models.Invalid("tags", "must list at least one tag")
 	}
+	if err := models.MaxItems("tags", len(tags), models.MaxListLen); err != nil {
+		return nil, err
+	}
+	for i, tag := range tags {
+		if err := models.ValidTagEntry(fmt.Sprintf("tags[%d]", i), tag, false); err != nil {
+			return nil, err
+		}
+	}
 	return s.changeNodeTags(ctx, ref, func(tx *gorm.DB, node *models.Node, dep *models.Deployment) ([]string, error) {
 		visible, err := visibleTagNames(tx, dep)
 		if err != nil {
@@ -636,9 +656,15 @@ func (s *Store) UnassignTags(ctx context.Context, ref string, tags []string) (*N
 	if len(tags) == 0 {
 		return nil, models.Invalid("tags", "must list at least one tag")
 	}
+	if err := models.MaxItems("tags", len(tags), models.MaxListLen); err != nil {
+		return nil, err
+	}
 	for i, tag := range tags {
 		if tag == "" {
 			return nil, models.Invalid(fmt.Sprintf("tags[%d]", i), "is empty")
+		}
+		if err := models.ValidLine(fmt.Sprintf("tags[%d]", i), tag, models.MaxLineLen); err != nil {
+			return nil, err
 		}
 	}
 	return s.changeNodeTags(ctx, ref, func(_ *gorm.DB, node *models.Node, _ *models.Deployment) ([]string, error) {

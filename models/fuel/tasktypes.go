@@ -2,6 +2,7 @@ package fuel
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -90,4 +91,138 @@ func runSpec(t *plan.Task) (models.RunSpec, error) {
 // shellQuote quotes s for /bin/sh.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// taskTypes are the task types anneal runs, markers included; "" is shell.
+var taskTypes = []string{plan.TypeShell, plan.TypeGroup, plan.TypeStage, TaskNoop, TaskSkipped, TaskUploadFile,
+	TaskSync, TaskEraseNode, TaskMasterShell, TaskMoveToBootstrap, TaskReboot}
+
+// maxGraphTasks bounds the tasks of one graph.
+const maxGraphTasks = 5000
+
+// ValidateTasks checks the shape of a graph's tasks as written, before the
+// planner's checks (plan.Validate): the list's size, each task's id, a known
+// type with the parameters it needs (runSpec decides), a command or file
+// contents within models.MaxTextLen, paths confined to the node's work
+// directory, octal permissions, timeouts and retries in range, selector and
+// dependency lists bounded. field prefixes the errors ("tasks",
+// "graphs.deployment.tasks"); each names its task and parameter.
+func ValidateTasks(field string, tasks []plan.Task) error {
+	if err := models.MaxItems(field, len(tasks), maxGraphTasks); err != nil {
+		return err
+	}
+	for i := range tasks {
+		if err := validateTask(fmt.Sprintf("%s[%d]", field, i), &tasks[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateTask(field string, t *plan.Task) error {
+	bad := func(err error) error {
+		var ie *models.InputError
+		if errors.As(err, &ie) {
+			if ie.Details == nil {
+				ie.Details = map[string]any{}
+			}
+			if t.ID != "" {
+				ie.Details["task"] = t.ID
+			}
+		}
+		return err
+	}
+	switch {
+	case strings.TrimSpace(t.ID) == "":
+		return bad(models.Invalid(field+".id", "is required (a task needs a non-blank id)"))
+	case len(t.ID) > models.MaxTaskIDLen:
+		return bad(models.Invalid(field+".id", "must be at most %d characters, got %d", models.MaxTaskIDLen, len(t.ID)))
+	case strings.HasPrefix(t.ID, "/"):
+		return bad(models.Invalid(field+".id", "%q must not start with '/' (that is a /regex/ in a reference)", models.Clip(t.ID)))
+	}
+	if err := models.ValidLine(field+".id", t.ID, models.MaxTaskIDLen); err != nil {
+		return bad(err)
+	}
+	if t.Type != "" {
+		if err := models.OneOf(field+".type", t.Type, taskTypes...); err != nil {
+			return bad(err)
+		}
+	}
+	for _, l := range []struct {
+		name string
+		list []string
+	}{{"tags", t.Tags}, {"role", t.Role}, {"groups", t.Groups}, {"requires", t.Requires}, {"required_for", t.RequiredFor}} {
+		if err := models.MaxItems(field+"."+l.name, len(l.list), models.MaxListLen); err != nil {
+			return bad(err)
+		}
+		for k, e := range l.list {
+			if err := models.ValidLine(fmt.Sprintf("%s.%s[%d]", field, l.name, k), e, models.MaxLineLen); err != nil {
+				return bad(err)
+			}
+		}
+	}
+	for _, l := range []struct {
+		name string
+		deps []plan.CrossDep
+	}{{"cross_depends", t.CrossDepends}, {"cross_depended_by", t.CrossDependedBy}} {
+		if err := models.MaxItems(field+"."+l.name, len(l.deps), models.MaxListLen); err != nil {
+			return bad(err)
+		}
+		for k, d := range l.deps {
+			f := fmt.Sprintf("%s.%s[%d]", field, l.name, k)
+			if err := models.ValidLine(f+".name", d.Name, models.MaxLineLen); err != nil {
+				return bad(err)
+			}
+			if err := models.MaxItems(f+".tags", len(d.Tags)+len(d.Role), models.MaxListLen); err != nil {
+				return bad(err)
+			}
+		}
+	}
+	p := &t.Parameters
+	params := field + ".parameters"
+	if err := models.InRange(params+".timeout", int64(p.Timeout), 0, models.MaxTimeoutSec); err != nil {
+		return bad(err)
+	}
+	if err := models.InRange(params+".retries", int64(p.Retries), 0, models.MaxRetries); err != nil {
+		return bad(err)
+	}
+	for _, s := range []struct{ name, v string }{{"cmd", p.Cmd}, {"data", p.Data}} {
+		if err := models.ValidText(params+"."+s.name, s.v, models.MaxTextLen); err != nil {
+			return bad(err)
+		}
+	}
+	if t.IsMarker() {
+		return nil
+	}
+	switch t.Kind() {
+	case plan.TypeShell:
+		// A task without a type and command is a placeholder that runs
+		// nothing; one that says it is a shell task must say what to run.
+		if t.Type == plan.TypeShell && strings.TrimSpace(p.Cmd) == "" {
+			return bad(models.Invalid(params+".cmd", "a shell task needs a command"))
+		}
+	case TaskUploadFile:
+		if err := models.ValidRelPath(params+".path", p.Path); err != nil {
+			return bad(err)
+		}
+		if p.Permissions != "" && !octalMode.MatchString(p.Permissions) {
+			return bad(models.Invalid(params+".permissions", "%q is not an octal mode like 0644", models.Clip(p.Permissions)))
+		}
+	case TaskSync:
+		if err := models.ValidRelPath(params+".src", p.Src); err != nil {
+			return bad(err)
+		}
+		if err := models.ValidRelPath(params+".dst", p.Dst); err != nil {
+			return bad(err)
+		}
+	case TaskMasterShell:
+		if strings.TrimSpace(p.Cmd) == "" {
+			return bad(models.Invalid(params+".cmd", "a master_shell task needs a command"))
+		}
+	}
+	// What the run would execute: the same rules planning applies.
+	if _, err := runSpec(t); err != nil {
+		return bad(models.Invalid(field, "%v", err))
+	}
+	return nil
 }

@@ -40,6 +40,9 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 	if len(in.Graphs) == 0 {
 		return nil, models.Invalid("graphs", "must list at least one graph, e.g. [{\"type\": \"deployment\"}]")
 	}
+	if err := validateExecute(in); err != nil {
+		return nil, err
+	}
 	var txn *Transaction
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		dep, err := models.DeploymentInField(tx, "deployment", in.Deployment)
@@ -108,11 +111,59 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 
 // checkValves validates the safety valves of a transaction or a graph.
 func checkValves(prefix string, maxNodes int, threshold *int) error {
-	if maxNodes < 0 {
-		return models.Invalid(prefix+"max_nodes_in_flight", "must be 0 (the default, %d) or more", contract.DefaultMaxNodesInFlight)
+	if maxNodes < 0 || maxNodes > models.MaxNodesInFlight {
+		return models.Invalid(prefix+"max_nodes_in_flight", "must be 0 (the default, %d) or more, at most %d, not %d",
+			contract.DefaultMaxNodesInFlight, models.MaxNodesInFlight, maxNodes)
 	}
 	if threshold != nil && (*threshold < 0 || *threshold > 100) {
 		return models.Invalid(prefix+"failure_threshold", "must be a percentage from 0 to 100, not %d", *threshold)
+	}
+	return nil
+}
+
+// maxExecuteGraphs bounds the graphs of one execute request.
+const maxExecuteGraphs = 100
+
+// validateExecute checks what an execute request can be checked for without
+// the database: sizes, ranges and forms, so that nothing absurd reaches a
+// query or a workflow.
+func validateExecute(in ExecuteInput) error {
+	if err := models.ValidLine("deployment", in.Deployment, models.MaxLineLen); err != nil {
+		return err
+	}
+	if err := models.MaxItems("graphs", len(in.Graphs), maxExecuteGraphs); err != nil {
+		return err
+	}
+	if err := checkValves("", in.MaxNodesInFlight, in.FailureThreshold); err != nil {
+		return err
+	}
+	for i, g := range in.Graphs {
+		field := fmt.Sprintf("graphs[%d]", i)
+		if g.Type == "" {
+			return models.Invalid(field+".type", "is required")
+		}
+		if err := ValidateGraphType(g.Type); err != nil {
+			return models.Invalid(field+".type", "%s", err.(*models.InputError).Reason)
+		}
+		if err := checkValves(field+".", g.MaxNodesInFlight, g.FailureThreshold); err != nil {
+			return err
+		}
+		if err := models.MaxItems(field+".nodes", len(g.Nodes), models.MaxListLen); err != nil {
+			return err
+		}
+		for j, id := range g.Nodes {
+			if id < 1 {
+				return models.Invalid(fmt.Sprintf("%s.nodes[%d]", field, j), "is a node id (1 or more), not %d", id)
+			}
+		}
+		if err := models.MaxItems(field+".tasks", len(g.Tasks), models.MaxListLen); err != nil {
+			return err
+		}
+		for j, name := range g.Tasks {
+			if err := models.ValidLine(fmt.Sprintf("%s.tasks[%d]", field, j), name, models.MaxTaskIDLen); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -125,6 +125,9 @@ type SoftwareConfigInput struct {
 }
 
 func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIODef, error) {
+	if err := models.MaxItems(field, len(defs), models.MaxListLen); err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	out := make([]SoftwareIODef, 0, len(defs))
 	for i, d := range defs {
@@ -145,11 +148,13 @@ func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIO
 		if d.Type == "" {
 			d.Type = "String"
 		}
-		t, ok := softwareTypes[strings.ToLower(d.Type)]
-		if !ok {
-			return nil, models.Invalid(f+".type", "%q is not one of String, Number, CommaDelimitedList, Json, Boolean", d.Type)
+		// Matched exactly, as Heat spells them.
+		if t, ok := softwareTypes[strings.ToLower(d.Type)]; !ok || t != d.Type {
+			return nil, models.Invalid(f+".type", "%q is not one of String, Number, CommaDelimitedList, Json, Boolean (exactly, case matters)", models.Clip(d.Type))
 		}
-		d.Type = t
+		if err := models.ValidLine(f+".description", d.Description, models.MaxLineLen); err != nil {
+			return nil, err
+		}
 		if d.ErrorOutput && !outputs {
 			return nil, models.Invalid(f+".error_output", "only outputs can be error outputs")
 		}
@@ -164,11 +169,17 @@ func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIO
 // CreateSoftwareConfig validates and stores a config. Configs are never
 // updated: a change is a new config.
 func (s *Store) CreateSoftwareConfig(ctx context.Context, in SoftwareConfigInput) (*SoftwareConfig, error) {
-	if strings.TrimSpace(in.Name) == "" {
-		return nil, models.Invalid("name", "is required")
+	if err := models.ValidName("name", "software config", in.Name); err != nil {
+		return nil, err
 	}
-	if len(in.Name) > 255 {
-		return nil, models.Invalid("name", "is longer than 255 characters")
+	if err := models.ValidText("config", in.Config, models.MaxTextLen); err != nil {
+		return nil, err
+	}
+	if err := models.ValidLine("deployment", in.Deployment, models.MaxLineLen); err != nil {
+		return nil, err
+	}
+	if err := models.ValidateMap("options", in.Options); err != nil {
+		return nil, err
 	}
 	if in.Group == "" {
 		in.Group = DefaultSoftwareGroup
@@ -378,7 +389,8 @@ func checkAction(action string, create bool) (string, error) {
 	if action == "" && create {
 		return contract.ActionDeploy, nil
 	}
-	switch a := strings.ToUpper(action); a {
+	// Matched exactly, as documented: "deploy" is not DEPLOY.
+	switch a := action; a {
 	case contract.ActionDeploy, contract.ActionRedeploy, contract.ActionUndeploy:
 		if !create && a == contract.ActionDeploy {
 			return "", models.Invalid("action", "a new round is REDEPLOY or UNDEPLOY")
@@ -410,8 +422,20 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 	if in.ConfigID == 0 {
 		return nil, models.Invalid("config_id", "is required")
 	}
+	if in.ConfigID < 0 {
+		return nil, models.Invalid("config_id", "is a software config id (1 or more), not %d", in.ConfigID)
+	}
 	if in.Server == "" {
 		return nil, models.Invalid("server_id", "is required (a node id or name)")
+	}
+	if err := models.ValidLine("server_id", in.Server, models.MaxLineLen); err != nil {
+		return nil, err
+	}
+	if err := models.ValidLine("deployment", in.Deployment, models.MaxLineLen); err != nil {
+		return nil, err
+	}
+	if err := models.ValidateMap("input_values", in.InputValues); err != nil {
+		return nil, err
 	}
 	action, err := checkAction(in.Action, true)
 	if err != nil {
@@ -527,6 +551,9 @@ func (s *Store) UpdateSoftwareDeployment(ctx context.Context, id int64, up Softw
 	}
 	if up.Action == "" {
 		return nil, models.Invalid("action", "is required: REDEPLOY or UNDEPLOY")
+	}
+	if err := models.ValidateMap("input_values", up.InputValues); err != nil {
+		return nil, err
 	}
 	if up.TimeoutSec != 0 && (up.TimeoutSec < 1 || up.TimeoutSec > 7*24*3600) {
 		return nil, models.Invalid("timeout_sec", "must be between 1 and 604800 seconds")

@@ -30,7 +30,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	cfg, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{
 		Name: "c", Config: "true",
-		Inputs:  []heat.SoftwareIODef{{Name: "a", Default: "dflt"}, {Name: "b", Type: "number"}},
+		Inputs:  []heat.SoftwareIODef{{Name: "a", Default: "dflt"}, {Name: "b", Type: "Number"}},
 		Outputs: []heat.SoftwareIODef{{Name: "out"}, {Name: "err", ErrorOutput: true}},
 	})
 	require.NoError(t, err)
@@ -110,8 +110,14 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "42", got.ResolvedInputs["a"])
 
+	// Actions are matched exactly, as documented: "undeploy" is not UNDEPLOY.
+	_, err = store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
+	ie = nil
+	require.True(t, errors.As(err, &ie), "%v", err)
+	assert.Equal(t, "action", ie.Field)
+
 	// A new round; the old round's signals are refused.
-	up, err := store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "undeploy"}, noStart)
+	up, err := store.UpdateSoftwareDeployment(ctx, first.ID, heat.SoftwareDeploymentUpdate{Action: "UNDEPLOY"}, noStart)
 	require.NoError(t, err)
 	assert.Equal(t, 2, up.Round)
 	assert.Equal(t, contract.ActionUndeploy, up.Action)

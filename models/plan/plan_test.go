@@ -503,6 +503,33 @@ func TestCycleErrorMessage(t *testing.T) {
 	assert.Equal(t, "dependency cycle: a@n1 -> b@n1 -> a@n1", err.Error())
 }
 
+// TestValidateTaskCycle: a cycle of same-node orderings is refused without
+// nodes, with its path in edge direction; cross dependencies and regex
+// self-references are not such a cycle.
+func TestValidateTaskCycle(t *testing.T) {
+	cases := []struct {
+		name  string
+		tasks []plan.Task
+		path  []string
+	}{
+		{"a task requiring itself", []plan.Task{{ID: "a", Requires: []string{"a"}}}, []string{"a", "a"}},
+		{"two tasks", []plan.Task{{ID: "a", Requires: []string{"b"}}, {ID: "b", Requires: []string{"a"}}}, []string{"a", "b", "a"}},
+		{"through required_for", []plan.Task{{ID: "a", RequiredFor: []string{"b"}}, {ID: "b", RequiredFor: []string{"c"}}, {ID: "c", RequiredFor: []string{"a"}}},
+			[]string{"a", "b", "c", "a"}},
+		{"through a stage", []plan.Task{{ID: "s", Type: plan.TypeStage, Requires: []string{"a"}}, {ID: "a", Requires: []string{"s"}}}, []string{"s", "a", "s"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := plan.Validate(tc.tasks)
+			var ce *plan.CycleError
+			require.True(t, errors.As(err, &ce), "got %v", err)
+			assert.Equal(t, tc.path, ce.Path)
+		})
+	}
+	assert.NoError(t, plan.Validate([]plan.Task{{ID: "a", Requires: []string{"/.*/"}}, {ID: "b", Requires: []string{"c"}}, {ID: "c"}}))
+	assert.NoError(t, plan.Validate([]plan.Task{{ID: "join", CrossDepends: []plan.CrossDep{{Name: "join"}}}}), "a cross dependency on itself orders peers")
+}
+
 func TestValidate(t *testing.T) {
 	tests := []struct {
 		name    string

@@ -45,10 +45,71 @@ func (e *CycleError) Error() string {
 // Validate checks a graph's tasks without nodes: ids present and unique,
 // every requires/required_for/cross dependency naming a known task (a
 // "/regex/" name may match none), every "/regex/" compiling, parameters not
-// negative. It returns the first problem in input order as *ValidationError.
+// negative, and no cycle among the same-node orderings (requires and
+// required_for, through markers too): such a cycle stops every node holding
+// the tasks, so it is refused before any node is known, as *CycleError with
+// the task ids. Other problems come first, in input order, as
+// *ValidationError.
 func Validate(tasks []Task) error {
-	_, err := compile(tasks)
-	return err
+	g, err := compile(tasks)
+	if err != nil {
+		return err
+	}
+	if path := g.taskCycle(); path != nil {
+		return &CycleError{Path: path}
+	}
+	return nil
+}
+
+// taskCycle returns one cycle of the same-node orderings as task ids in edge
+// direction, closed by repeating the first, or nil.
+func (g *graph) taskCycle() []string {
+	const (
+		unseen = iota
+		onPath
+		done
+	)
+	state := make([]int8, len(g.tasks))
+	// Iterative DFS over "i must wait for before[i]", reversed at the end to
+	// read in edge direction (each task finishes before the next).
+	type frame struct{ node, next int }
+	for start := range g.tasks {
+		if state[start] != unseen {
+			continue
+		}
+		stack := []frame{{start, 0}}
+		state[start] = onPath
+		for len(stack) > 0 {
+			top := &stack[len(stack)-1]
+			if top.next == len(g.before[top.node]) {
+				state[top.node] = done
+				stack = stack[:len(stack)-1]
+				continue
+			}
+			p := g.before[top.node][top.next]
+			top.next++
+			switch state[p] {
+			case unseen:
+				state[p] = onPath
+				stack = append(stack, frame{p, 0})
+			case onPath:
+				// The path from p down the stack to top waits on p.
+				var ids []string
+				for k := len(stack) - 1; k >= 0; k-- {
+					ids = append(ids, g.tasks[stack[k].node].ID)
+					if stack[k].node == p {
+						break
+					}
+				}
+				// ids runs top, top-1, ..., p; each stack entry waits
+				// for the one above it and top waits for p, so in edge
+				// direction: p -> top -> top-1 -> ... -> p.
+				out := append([]string{g.tasks[p].ID}, ids[:len(ids)-1]...)
+				return append(out, g.tasks[p].ID)
+			}
+		}
+	}
+	return nil
 }
 
 // graph is a validated graph with its selectors compiled and its task names
