@@ -149,7 +149,7 @@ func (h *Hooks) Run(ctx context.Context, d protocol.SoftwareDeployment) protocol
 		cmd, stdin = exec.Command(hookPath), bytes.NewReader(b)
 	}
 	cmd.Dir, cmd.Env, cmd.Stdin = dir, env, stdin
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 3 * time.Second
 	stdoutTail, stderrTail := newTail(protocol.MaxTailBytes), newTail(protocol.MaxTailBytes)
 	var stdoutAll limitedBuffer

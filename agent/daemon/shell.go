@@ -170,7 +170,11 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	cmd := exec.Command(shell, "-c", item.Command)
 	cmd.Dir = e.WorkDir
 	cmd.Env = append(e.environ(item, outputsPath), attrs.environ()...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so that a timeout stops everything it started;
+	// and killed with the agent (Pdeathsig), so that an agent killed with
+	// SIGKILL leaves no command running on that the next agent would then
+	// run again: its record says the run was interrupted instead.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = e.killGrace()
 	stdoutTail, stderrTail := newTail(protocol.MaxTailBytes), newTail(protocol.MaxTailBytes)
 	stdoutLog, stderrLog := &streamWriter{lf: lf, prefix: "out| "}, &streamWriter{lf: lf, prefix: "err| "}
