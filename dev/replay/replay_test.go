@@ -96,6 +96,7 @@ func TestReplayARunningInstallation(t *testing.T) {
 
 	opts.Register = func(r worker.WorkflowRegistry) {
 		r.RegisterWorkflowWithOptions(incompatibleTransaction, workflow.RegisterOptions{Name: contract.TransactionWorkflow})
+		r.RegisterWorkflowWithOptions(workflows.GraphRun, workflow.RegisterOptions{Name: contract.GraphWorkflow})
 		r.RegisterWorkflowWithOptions(workflows.NodeRun, workflow.RegisterOptions{Name: contract.NodeWorkflow})
 		r.RegisterWorkflowWithOptions(workflows.SoftwareDeployment, workflow.RegisterOptions{Name: contract.SoftwareDeploymentWorkflow})
 		r.RegisterWorkflowWithOptions(workflows.Annealer, workflow.RegisterOptions{Name: contract.AnnealerWorkflow})
