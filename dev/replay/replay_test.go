@@ -95,13 +95,11 @@ func TestReplayARunningInstallation(t *testing.T) {
 	assert.Zero(t, other.Replayed)
 
 	opts.Register = func(r worker.WorkflowRegistry) {
-		r.RegisterWorkflowWithOptions(incompatibleTransaction, workflow.RegisterOptions{Name: contract.TransactionWorkflow})
-		r.RegisterWorkflowWithOptions(workflows.GraphRun, workflow.RegisterOptions{Name: contract.GraphWorkflow})
-		r.RegisterWorkflowWithOptions(workflows.NodeRun, workflow.RegisterOptions{Name: contract.NodeWorkflow})
-		r.RegisterWorkflowWithOptions(workflows.SoftwareDeployment, workflow.RegisterOptions{Name: contract.SoftwareDeploymentWorkflow})
-		r.RegisterWorkflowWithOptions(workflows.Annealer, workflow.RegisterOptions{Name: contract.AnnealerWorkflow})
-		r.RegisterWorkflowWithOptions(workflows.NodeRoleRun, workflow.RegisterOptions{Name: contract.NodeRoleWorkflow})
-		r.RegisterWorkflowWithOptions(workflows.NodeBootstrap, workflow.RegisterOptions{Name: contract.NodeBootstrapWorkflow})
+		// Today's workflows, but for an incompatible Transaction.
+		workflows.Register(r)
+		r.RegisterWorkflowWithOptions(incompatibleTransaction, workflow.RegisterOptions{
+			Name: contract.TransactionWorkflow, DisableAlreadyRegisteredCheck: true,
+		})
 	}
 	res, err = replay.Run(ctx, opts)
 	require.NoError(t, err)
