@@ -99,6 +99,7 @@ func New(cfg Config) *Server {
 	admin.GET("/deployments", s.listDeployments)
 	admin.POST("/deployments", s.createDeployment)
 	admin.GET("/deployments/:id", s.getDeployment)
+	admin.PATCH("/deployments/:id", s.updateDeployment)
 	s.graphRoutes(admin)
 	s.tagRoutes(admin)
 	s.snapshotRoutes(admin)
