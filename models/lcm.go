@@ -39,12 +39,6 @@ import (
 // outputs). The hash stored on a run is therefore always the one of what
 // it saw, and the next plan compares against that.
 
-// nodeWipingTaskTypes wipe a node: its runs that finished before the last
-// of them are forgotten by LCM, so a node erased and sent back to bootstrap
-// is provisioned again. A failed one counts too: it may have wiped part of
-// the node.
-var nodeWipingTaskTypes = []string{"erase_node", "move_to_bootstrap"}
-
 // InputsBase digests the part of a run's inputs known at plan time: its
 // task's definition, its node and the merged data it is sent.
 func InputsBase(definition any, node string, data map[string]any) (string, error) {
@@ -194,13 +188,19 @@ type LCMKey struct {
 // lastRunsSQL picks, per (node, task), the last finished run of a graph
 // type in a deployment (not a dry run's, not one a task of type skipped
 // made), after the node was last wiped. %s narrows it further.
+//
+// The tasks of type erase_node and move_to_bootstrap wipe a node: its runs
+// that finished before the last of them are forgotten, so a node erased and
+// sent back to bootstrap is provisioned again. A failed one counts too: it
+// may have wiped part of the node. The literals match the partial indexes
+// of migration 0014.
 const lastRunsSQL = `
 SELECT DISTINCT ON (r.node_id, r.task_name) r.id, r.node_id, r.task_name, r.state, r.inputs_base, r.inputs_hash, r.outputs
 FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
-WHERE t.deployment_id = ? AND r.graph_type = ? AND r.finished_at IS NOT NULL
+WHERE t.deployment_id = ? AND r.graph_type = ? AND r.finished_at IS NOT NULL AND r.transaction_id IS NOT NULL
   AND r.state IN ? AND r.task_type <> 'skipped' AND NOT t.dry_run AND %s
   AND r.finished_at > coalesce((SELECT max(w.finished_at) FROM task_runs w
-        WHERE w.node_id = r.node_id AND w.task_type IN ? AND w.finished_at IS NOT NULL), '-infinity')
+        WHERE w.node_id = r.node_id AND w.task_type IN ('erase_node', 'move_to_bootstrap') AND w.finished_at IS NOT NULL), '-infinity')
 ORDER BY r.node_id, r.task_name, r.finished_at DESC, r.id DESC`
 
 var finishedStates = []string{contract.RunSucceeded, contract.RunFailed, contract.RunSkipped}
@@ -209,7 +209,7 @@ var finishedStates = []string{contract.RunSucceeded, contract.RunFailed, contrac
 // nodes in a deployment's graph type (see lastRunsSQL).
 func LastFinishedRuns(tx *gorm.DB, deploymentID int64, graphType string, nodes []int64) (map[LCMKey]*LastRun, error) {
 	var rows []LastRun
-	err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id IN ?"), deploymentID, graphType, finishedStates, nodes, nodeWipingTaskTypes).
+	err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id IN ?"), deploymentID, graphType, finishedStates, nodes).
 		Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("load the last finished runs of graph %s: %w", graphType, err)
@@ -287,7 +287,7 @@ func finalInputs(tx *gorm.DB, runID int64, maySkip bool) (*TaskRun, error) {
 		}
 		var last []LastRun
 		err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id = ? AND r.task_name = ? AND r.id <> ?"),
-			deploymentID, run.GraphType, finishedStates, run.NodeID, run.TaskName, run.ID, nodeWipingTaskTypes).Scan(&last).Error
+			deploymentID, run.GraphType, finishedStates, run.NodeID, run.TaskName, run.ID).Scan(&last).Error
 		if err != nil {
 			return nil, fmt.Errorf("load the last finished run of %s on %s: %w", run.TaskName, run.NodeName, err)
 		}
