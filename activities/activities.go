@@ -135,6 +135,11 @@ func (a *Activities) RunTaskOnNode(ctx context.Context, in contract.RunTaskInput
 		a.Log.Info("run dispatched to agent", "transaction", run.TransactionID, "node", in.Node, "task", in.Task,
 			"run", in.RunID, "attempt", run.Attempt, "activity_attempt", info.Attempt)
 		return nil, activity.ErrResultPending
+	case contract.RunSkipped:
+		// Its inputs turned out to be those of its last successful run on
+		// the node (LCM): nothing to do, and its children go on.
+		a.Log.Info("run skipped: inputs unchanged", "transaction", run.TransactionID, "node", in.Node, "task", in.Task, "run", in.RunID)
+		return &contract.RunOutcome{}, nil
 	case contract.RunSucceeded:
 		// A retry after the agent already reported success: do not run twice.
 		exit := 0

@@ -164,6 +164,23 @@ func appErrType(t *testing.T, err error) string {
 	return appErr.Type()
 }
 
+// A run the store skips at dispatch (LCM: the runs it depends on handed
+// over the same outputs) completes at once, as a success, without an agent.
+func TestRunTaskOnNodeSkippedAtDispatch(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	run := pendingRun()
+	run.State = contract.RunSkipped
+	runs := newFakeRuns(run)
+	env.RegisterActivity(&activities.Activities{Runs: runs, Log: quiet})
+	val, err := env.ExecuteActivity(contract.RunTaskOnNodeActivity, contract.RunTaskInput{RunID: 7, Task: "setup", Node: "n1.anneal.test"})
+	require.NoError(t, err)
+	var out contract.RunOutcome
+	require.NoError(t, val.Get(&out))
+	assert.Equal(t, 0, out.ExitCode)
+	assert.Zero(t, runs.dispatches)
+}
+
 // A node busy for longer than the activity waits fails RunTaskOnNode with
 // NodeBusy, not retried by the activity (the workflow waits instead), and
 // nothing is dispatched.

@@ -45,8 +45,10 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in contract.RunTaskI
 	if err != nil {
 		return nil, err
 	}
-	if run.State == contract.RunSucceeded {
-		return &contract.RunOutcome{}, nil // a retry after it succeeded: do not run twice
+	if run.State == contract.RunSucceeded || run.State == contract.RunSkipped {
+		// A retry after it succeeded (do not run twice), or its inputs
+		// turned out unchanged (LCM): nothing to do.
+		return &contract.RunOutcome{}, nil
 	}
 	log := a.Log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
 	// Keep the activity alive while the command runs.
@@ -115,14 +117,17 @@ func (a *Activities) masterShell(ctx context.Context, run *models.TaskRun, node 
 		RunID: run.ID, Attempt: run.Attempt, TransactionID: run.TransactionID.String(), Graph: run.GraphType,
 		Task: run.TaskName, Type: "shell", Command: run.Spec.Cmd, TimeoutSec: run.Spec.TimeoutSec, Env: env,
 	}
-	if run.NodeRoleID != nil {
-		// A noderole run of the local jig: it sees its attributes as an
-		// agent's run would.
+	if run.AttrsIn != nil || run.NodeRoleID != nil {
+		// A noderole run of the local jig, or a graph task with its node's
+		// merged data: it sees its attributes as an agent's run would.
 		raw, err := json.Marshal(run.AttrsIn)
 		if err != nil {
 			return protocol.RunResult{}, fmt.Errorf("encode attributes of run %d: %w", run.ID, err)
 		}
-		item.TransactionID, item.NodeRoleID, item.Attrs = "", *run.NodeRoleID, raw
+		item.Attrs = raw
+	}
+	if run.NodeRoleID != nil {
+		item.TransactionID, item.NodeRoleID = "", *run.NodeRoleID
 	}
 	return exec.Execute(ctx, item), nil
 }

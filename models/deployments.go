@@ -44,6 +44,8 @@ type DeploymentInput struct {
 	Name    string `json:"name"`
 	Parent  string `json:"parent"`  // name or id; default system
 	Release string `json:"release"` // name, name@version or id
+	// Attributes every graph task of the deployment sees (NodeInputs).
+	Attributes map[string]any `json:"attributes"`
 }
 
 // CreateDeployment validates and creates a deployment.
@@ -70,7 +72,10 @@ func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Depl
 		if err != nil {
 			return err
 		}
-		dep = &Deployment{Name: in.Name, ParentID: &parent.ID}
+		dep = &Deployment{Name: in.Name, ParentID: &parent.ID, Attributes: in.Attributes}
+		if dep.Attributes == nil {
+			dep.Attributes = map[string]any{}
+		}
 		if in.Release != "" {
 			rel, err := FindRelease(tx, in.Release)
 			if errors.Is(err, ErrNotFound) {
@@ -90,6 +95,28 @@ func (s *Store) CreateDeployment(ctx context.Context, in DeploymentInput) (*Depl
 		}
 		if err := tx.Create(dep).Error; err != nil {
 			return fmt.Errorf("create deployment %q: %w", in.Name, UniqueViolation(err, fmt.Sprintf("a deployment named %q already exists", in.Name)))
+		}
+		return nil
+	})
+	return dep, err
+}
+
+// SetDeploymentAttributes replaces a deployment's attributes: the next
+// plan of its graphs hands them to every task (NodeInputs), and LCM runs
+// again the tasks that see a change.
+func (s *Store) SetDeploymentAttributes(ctx context.Context, ref string, attributes map[string]any) (*Deployment, error) {
+	if attributes == nil {
+		return nil, Invalid("attributes", "is required: a JSON object")
+	}
+	var dep *Deployment
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var err error
+		if dep, err = FindDeployment(tx, ref); err != nil {
+			return err
+		}
+		dep.Attributes, dep.UpdatedAt = stripNULMap(attributes), Now()
+		if err := tx.Model(dep).Select("attributes", "updated_at").Updates(dep).Error; err != nil {
+			return fmt.Errorf("set attributes of deployment %s: %w", dep.Name, err)
 		}
 		return nil
 	})

@@ -74,12 +74,15 @@ const SystemDeployment = "system"
 
 // Deployment groups nodes (Fuel calls it a cluster).
 type Deployment struct {
-	ID        int64     `json:"id"`
-	Name      string    `json:"name"`
-	ParentID  *int64    `json:"parent_id"`
-	ReleaseID *int64    `json:"release_id"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	ID        int64  `json:"id"`
+	Name      string `json:"name"`
+	ParentID  *int64 `json:"parent_id"`
+	ReleaseID *int64 `json:"release_id"`
+	// Attributes are part of the merged data every graph task of the
+	// deployment sees (models.NodeInputs).
+	Attributes map[string]any `json:"attributes" gorm:"serializer:json"`
+	CreatedAt  time.Time      `json:"created_at"`
+	UpdatedAt  time.Time      `json:"updated_at"`
 }
 
 // Node statuses that are stored; the transient ones are computed.
@@ -147,7 +150,15 @@ type TaskRun struct {
 	StderrTail    string            `json:"stderr_tail"`
 	Outputs       map[string]string `json:"outputs" gorm:"serializer:json"`
 	Error         string            `json:"error"`
-	InputsHash    string            `json:"inputs_hash"`
+	// InputsHash digests everything the run saw (see InputsHash); final
+	// once the run is dispatched or skipped.
+	InputsHash string `json:"inputs_hash"`
+	// InputsBase is the part of it known at plan time (see InputsBase);
+	// empty on a noderole's run.
+	InputsBase string `json:"-"`
+	// LCM says the run may be skipped when its inputs are those of the
+	// last finished run of its task on its node, which succeeded.
+	LCM bool `json:"-" gorm:"column:lcm"`
 	// NodeRoleID is set instead of TransactionID on a noderole's run (the
 	// annealer's); Position is then the noderole's run number.
 	NodeRoleID *int64 `json:"noderole_id,omitempty" gorm:"column:noderole_id"`

@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -227,10 +228,13 @@ type NodeUpdate struct {
 	Available *bool
 	// Allocated says anneal may manage the node.
 	Allocated *bool
+	// Attributes are merged into the node's attributes key by key (a
+	// JSON merge patch of one level): a key set to nil is removed.
+	Attributes map[string]any
 }
 
-// UpdateNode moves a node, assigns roles and sets its available and
-// allocated flags in one transaction. Assigning a role adds the role's tags
+// UpdateNode moves a node, assigns roles, sets its available and allocated
+// flags and patches its attributes in one transaction. Assigning a role adds the role's tags
 // and its own name to the node's tags; removing a role removes the tags it
 // brought (tags added by hand stay).
 func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Node, error) {
@@ -288,8 +292,22 @@ func (s *Store) UpdateNode(ctx context.Context, ref string, up NodeUpdate) (*Nod
 		if up.Allocated != nil {
 			node.Allocated = *up.Allocated
 		}
+		if up.Attributes != nil {
+			merged := maps.Clone(node.Attributes)
+			if merged == nil {
+				merged = map[string]any{}
+			}
+			for k, v := range stripNULMap(up.Attributes) {
+				if v == nil {
+					delete(merged, k)
+				} else {
+					merged[k] = v
+				}
+			}
+			node.Attributes = merged
+		}
 		node.UpdatedAt = Now()
-		if err := tx.Select("deployment_id", "roles", "tags", "available", "allocated", "updated_at").Save(node).Error; err != nil {
+		if err := tx.Select("deployment_id", "roles", "tags", "available", "allocated", "attributes", "updated_at").Save(node).Error; err != nil {
 			return fmt.Errorf("update node %s: %w", ref, err)
 		}
 		out = node

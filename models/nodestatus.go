@@ -46,7 +46,8 @@ func (n Node) MarshalJSON() ([]byte, error) {
 
 // StartLocalRun marks a run executed by the orchestrator running (a new
 // attempt, claimed at once so no agent takes it) and returns it with its
-// node. A run that already succeeded is returned unchanged; while the node
+// node. A run that already succeeded is returned unchanged, one whose inputs
+// turn out unchanged is returned skipped (see settleInputs); while the node
 // runs something else the answer is a *NodeBusyError.
 func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node, error) {
 	var run TaskRun
@@ -61,7 +62,17 @@ func (s *Store) StartLocalRun(ctx context.Context, runID int64) (*TaskRun, *Node
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&node, run.NodeID).Error; err != nil {
 			return fmt.Errorf("load node of run %d: %w", runID, err)
 		}
-		if run.State == contract.RunSucceeded {
+		if run.State == contract.RunSucceeded || run.State == contract.RunSkipped {
+			return nil
+		}
+		// Every run it depends on has ended: its inputs are final, and may
+		// show that it has nothing to do (LCM).
+		skipped, err := settleInputs(tx, runID)
+		if err != nil {
+			return err
+		}
+		if skipped != nil {
+			run = *skipped
 			return nil
 		}
 		// One thing at a time on a node, even when the worker runs it.

@@ -46,7 +46,9 @@ func (s *Store) RunStates(ctx context.Context, ids []int64) (map[int64]string, e
 // attempt number and the activity's task token, and the agents' long polls
 // wake (pg_notify, in the same statement). A run that already ended in a
 // state other than failed is returned unchanged and not dispatched, so a
-// retried activity never runs a succeeded run twice.
+// retried activity never runs a succeeded run twice. A run whose inputs
+// turn out to be those of its task's last successful run on the node is
+// skipped instead, and returned so (see settleInputs).
 //
 // A node runs one thing at a time: while it runs another task or a
 // noderole is in transition on it, the answer is a *NodeBusyError and the
@@ -67,6 +69,16 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 		}
 		dispatchable := []string{contract.RunPending, contract.RunRunning, contract.RunFailed}
 		if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
+			// Every run it depends on has ended: its inputs are final, and
+			// may show that it has nothing to do (LCM).
+			skipped, err := settleInputs(tx, runID)
+			if err != nil {
+				return err
+			}
+			if skipped != nil {
+				out = skipped
+				return nil
+			}
 			var nr int64
 			if owner[0].NodeRoleID != nil {
 				nr = *owner[0].NodeRoleID
@@ -367,13 +379,18 @@ func (s *Store) AbandonNodeRuns(ctx context.Context, id uuid.UUID, gi int, nodeI
 
 // SucceedNoOp marks a run that has nothing to execute as succeeded.
 func (s *Store) SucceedNoOp(ctx context.Context, runID int64) error {
-	t := Now()
-	err := s.DB.WithContext(ctx).Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{contract.RunPending, contract.RunRunning}).
-		Updates(map[string]any{"state": contract.RunSucceeded, "started_at": t, "finished_at": t, "updated_at": t}).Error
-	if err != nil {
-		return fmt.Errorf("record no-op run %d: %w", runID, err)
-	}
-	return nil
+	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := recordInputs(tx, runID); err != nil {
+			return err
+		}
+		t := Now()
+		err := tx.Model(&TaskRun{}).Where("id = ? AND state IN ?", runID, []string{contract.RunPending, contract.RunRunning}).
+			Updates(map[string]any{"state": contract.RunSucceeded, "started_at": t, "finished_at": t, "updated_at": t}).Error
+		if err != nil {
+			return fmt.Errorf("record no-op run %d: %w", runID, err)
+		}
+		return nil
+	})
 }
 
 // RejectLateResult turns a result recorded after its activity had already
@@ -423,7 +440,8 @@ type RunOutputs struct {
 }
 
 // RunContext is what a run sees besides its command: the outputs of its
-// transaction's succeeded runs so far (in the order they finished) and
+// transaction's succeeded runs so far (in the order they finished; a run
+// skipped by LCM carries the outputs of the run it stands for) and
 // the addresses of its node's peers (the other alive nodes of its
 // deployment, in name order).
 type RunContext struct {
@@ -442,11 +460,11 @@ func (s *Store) RunContext(ctx context.Context, run *TaskRun) (*RunContext, erro
 SELECT
   (SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
                             ORDER BY finished_at, id), '[]')
-   FROM task_runs WHERE transaction_id = ? AND state = ? AND outputs <> '{}'::jsonb) AS outputs,
+   FROM task_runs WHERE transaction_id = ? AND state IN ? AND outputs <> '{}'::jsonb) AS outputs,
   (SELECT coalesce(json_agg(address ORDER BY name), '[]')
    FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
      AND id <> ? AND alive AND address <> '') AS peers`,
-		run.TransactionID, contract.RunSucceeded, run.NodeID, run.NodeID).Scan(&row).Error
+		run.TransactionID, []string{contract.RunSucceeded, contract.RunSkipped}, run.NodeID, run.NodeID).Scan(&row).Error
 	if err != nil {
 		return nil, fmt.Errorf("load the context of run %d: %w", run.ID, err)
 	}

@@ -189,14 +189,19 @@ func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (proto
 			Task: r.TaskName, Type: agentType(r.TaskType), Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
 			Env: env,
 		}
-		if r.NodeRoleID != nil {
-			// The annealer's run of a noderole: its attributes instead of a
-			// transaction's outputs.
+		// One model for both styles: a noderole's run and a graph task both
+		// see their merged data as $ANNEAL_ATTRS (a graph task's is its
+		// node's, fixed when it was planned: models.NodeInputs).
+		if r.AttrsIn != nil || r.NodeRoleID != nil {
 			raw, err := json.Marshal(r.AttrsIn)
 			if err != nil {
 				return out, fmt.Errorf("encode attributes of run %d: %w", r.ID, err)
 			}
-			item.TransactionID, item.NodeRoleID, item.Attrs = "", *r.NodeRoleID, raw
+			item.Attrs = raw
+		}
+		if r.NodeRoleID != nil {
+			// The annealer's run of a noderole: no transaction, no outputs.
+			item.TransactionID, item.NodeRoleID = "", *r.NodeRoleID
 			env["ANNEAL_NODEROLE"] = strconv.FormatInt(*r.NodeRoleID, 10)
 		}
 		out.Runs = append(out.Runs, item)

@@ -84,6 +84,9 @@ type updateNodeRequest struct {
 	Roles      *[]string `json:"roles"`
 	Available  *bool     `json:"available"`
 	Allocated  *bool     `json:"allocated"`
+	// Attributes stays raw so that a value that is not an object is a 422
+	// naming the field.
+	Attributes json.RawMessage `json:"attributes"`
 }
 
 func (s *Server) updateNode(c echo.Context) error {
@@ -91,9 +94,15 @@ func (s *Server) updateNode(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, err := s.cfg.Store.UpdateNode(c.Request().Context(), c.Param("id"), models.NodeUpdate{
-		Deployment: req.Deployment, Roles: req.Roles, Available: req.Available, Allocated: req.Allocated,
-	})
+	up := models.NodeUpdate{Deployment: req.Deployment, Roles: req.Roles, Available: req.Available, Allocated: req.Allocated}
+	if req.Attributes != nil {
+		attributes, err := jsonObject("attributes", req.Attributes)
+		if err != nil {
+			return err
+		}
+		up.Attributes = attributes
+	}
+	node, err := s.cfg.Store.UpdateNode(c.Request().Context(), c.Param("id"), up)
 	if err != nil {
 		return err
 	}
@@ -122,6 +131,30 @@ func (s *Server) createDeployment(c echo.Context) error {
 		return err
 	}
 	return c.JSON(http.StatusCreated, dep)
+}
+
+// updateDeploymentRequest keeps attributes raw, so that a value that is not
+// an object is a 422 naming the field.
+type updateDeploymentRequest struct {
+	Attributes json.RawMessage `json:"attributes"`
+}
+
+// updateDeployment replaces a deployment's attributes, which its graph
+// tasks see in $ANNEAL_ATTRS from the next transaction on.
+func (s *Server) updateDeployment(c echo.Context) error {
+	var req updateDeploymentRequest
+	if err := bindStrict(c, &req); err != nil {
+		return err
+	}
+	attributes, err := jsonObject("attributes", req.Attributes)
+	if err != nil {
+		return err
+	}
+	dep, err := s.cfg.Store.SetDeploymentAttributes(c.Request().Context(), c.Param("id"), attributes)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, dep)
 }
 
 func (s *Server) getDeployment(c echo.Context) error {

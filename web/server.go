@@ -123,6 +123,7 @@ func New(cfg Config) *Server {
 	admin.POST("/deployments", s.createDeployment)
 	admin.GET("/deployments/:id", s.getDeployment)
 	admin.DELETE("/deployments/:id", s.deleteDeployment)
+	admin.PATCH("/deployments/:id", s.updateDeployment)
 	s.graphRoutes(admin)
 	s.tagRoutes(admin)
 	s.snapshotRoutes(admin)

@@ -12,11 +12,11 @@ import (
 	"github.com/anneal-dev/anneal/models/attrs"
 )
 
-// MaxAttrsBytes bounds the attributes a noderole run may hand back.
+// MaxAttrsBytes bounds the attributes a run may hand back.
 const MaxAttrsBytes = 4 << 20
 
-// attrsFiles are the two files of a noderole run: the attributes it is
-// sent and the ones it hands back. Both paths are empty for other runs.
+// attrsFiles are the two files of a run sent attributes: the attributes it
+// is sent and the ones it hands back. Both paths are empty for other runs.
 type attrsFiles struct {
 	in, out string
 }

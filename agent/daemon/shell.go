@@ -60,7 +60,8 @@ var errTimedOut = errors.New("run timed out")
 // lines starting with # ignored; the last of repeated keys wins). A malformed
 // outputs file fails the run.
 //
-// A noderole's run (an item with Attrs) also gets ANNEAL_ATTRS, a file
+// A run sent attributes (an item with Attrs: a noderole's run, or a graph
+// task with its node's merged data) also gets ANNEAL_ATTRS, a file
 // holding the attributes it sees as a JSON object, and ANNEAL_ATTRS_OUT, a
 // fresh empty file: a JSON object written there is deep-merged onto what
 // was sent, and that is what the run hands back (the annealer stores its

@@ -86,10 +86,13 @@ type WorkItem struct {
 	// NodeRoleID is set when the run is a noderole's (the annealer's); its
 	// TransactionID is then empty.
 	NodeRoleID int64 `json:"noderole_id,omitempty"`
-	// Attrs, for a noderole run, is the JSON object of attributes the run
-	// sees (the merge of the noderole graph); the command reads it from the
-	// file $ANNEAL_ATTRS and may hand a changed object back in
-	// $ANNEAL_ATTRS_OUT.
+	// Attrs is the JSON object of attributes the run sees; the command
+	// reads it from the file $ANNEAL_ATTRS and may hand a changed object
+	// back in $ANNEAL_ATTRS_OUT. For a noderole run it is the merge of the
+	// noderole graph; for a graph task, the merged data of its node (the
+	// deployment's attributes, its role data for the node's roles, the
+	// node's attributes, and "anneal": {node, roles, tags}). Absent on runs
+	// planned by servers that did not send it.
 	Attrs json.RawMessage `json:"attrs,omitempty"`
 }
 
@@ -131,7 +134,7 @@ type RunResult struct {
 	StdoutTail string            `json:"stdout_tail"`
 	StderrTail string            `json:"stderr_tail"`
 	Outputs    map[string]string `json:"outputs,omitempty"`
-	// Attrs is the JSON object a noderole run hands back: what the command
+	// Attrs is the JSON object a run sent Attrs hands back: what the command
 	// wrote to $ANNEAL_ATTRS_OUT, or the attributes it was sent if it wrote
 	// nothing.
 	Attrs json.RawMessage `json:"attrs,omitempty"`

@@ -2,9 +2,6 @@ package fuel
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -90,7 +87,7 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 				return &PlanError{Reason: fmt.Sprintf("plan graph %q: %v", req.Type, err)}
 			}
 			out.Warnings = p.Warnings
-			if err := persistPlan(tx, &txn, gi, req.Type, p); err != nil {
+			if err := persistPlan(tx, &txn, gi, req.Type, p, nodes); err != nil {
 				return err
 			}
 			if len(p.Warnings) > 0 {
@@ -175,35 +172,119 @@ type PlanError struct{ Reason string }
 // Error returns the reason.
 func (e *PlanError) Error() string { return e.Reason }
 
-func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *plan.Plan) error {
+// GraphVerification is the built-in graph that checks the nodes: LCM never
+// skips it, since what it checks is the world, not its inputs.
+const GraphVerification = "verification"
+
+// lcmExempt are the task types LCM never skips: a reboot is asked for, and
+// the node-wiping ones forget the node's history (models.LastFinishedRuns).
+var lcmExempt = []string{TaskReboot, TaskEraseNode, TaskMoveToBootstrap, TaskSkipped}
+
+// persistPlan writes the runs of a plan and their edges, each with the
+// merged data of its node (attrs_in, sent as $ANNEAL_ATTRS) and its inputs,
+// and decides which runs LCM skips (see models/lcm.go for the rule and why
+// part of the decision waits for dispatch).
+//
+// Runs come in topological order, so each run's parents are decided before
+// it. A run's upstream outputs are known at plan time when no run it depends
+// on executes a command: then its hash is final and it is skipped when its
+// last finished run succeeded with that hash. Otherwise its hash is left for
+// DispatchRun, which may still skip it.
+func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *plan.Plan, nodes []plan.Node) error {
 	state := contract.RunPending
 	if txn.DryRun {
 		state = contract.RunPlanned
 	}
-	done, err := lastSucceeded(tx, txn.DeploymentID, graphType)
+	tags := map[int64][]string{}
+	for _, n := range nodes {
+		tags[n.ID] = n.Tags
+	}
+	inPlan := map[int64][]string{}
+	for _, r := range p.Runs {
+		inPlan[r.NodeID] = tags[r.NodeID]
+	}
+	data, err := models.NodeInputs(tx, txn.DeploymentID, inPlan)
 	if err != nil {
 		return err
 	}
+	lcm := !txn.Force && graphType != GraphVerification
+	var last map[models.LCMKey]*models.LastRun
+	if lcm && len(inPlan) > 0 {
+		ids := make([]int64, 0, len(inPlan))
+		for id := range inPlan {
+			ids = append(ids, id)
+		}
+		if last, err = models.LastFinishedRuns(tx, txn.DeploymentID, graphType, ids); err != nil {
+			return err
+		}
+	}
+	parents := make([][]int, len(p.Runs))
+	for _, e := range p.Edges {
+		parents[e.To] = append(parents[e.To], e.From)
+	}
+	// known[i]: the outputs of run i and of every run it depends on are
+	// known now; seen[i]: which of those runs have outputs (what run i's
+	// children read through it).
+	known := make([]bool, len(p.Runs))
+	seen := make([][]int, len(p.Runs))
+	now := models.Now()
 	runs := make([]models.TaskRun, len(p.Runs))
 	for i, r := range p.Runs {
 		spec, err := runSpec(r.Task)
 		if err != nil {
 			return &PlanError{Reason: err.Error()}
 		}
-		hash := inputsHash(r)
+		kind := r.Task.Kind()
+		base, err := models.InputsBase(r.Task, r.NodeName, data[r.NodeID])
+		if err != nil {
+			return err
+		}
 		runs[i] = models.TaskRun{
 			TransactionID: txn.ID, GraphIndex: gi, GraphType: graphType, NodeID: r.NodeID, NodeName: r.NodeName,
-			TaskName: r.Task.ID, TaskType: r.Task.Kind(), Position: i, State: state, Outputs: map[string]string{},
-			Spec: spec, InputsHash: hash,
+			TaskName: r.Task.ID, TaskType: kind, Position: i, State: state, Outputs: map[string]string{},
+			Spec: spec, InputsBase: base, AttrsIn: data[r.NodeID], LCM: lcm && !slices.Contains(lcmExempt, kind),
 		}
-		if r.Task.Kind() == TaskSkipped {
+		upstreamKnown := true
+		var upstream []int
+		for _, q := range parents[i] {
+			upstreamKnown = upstreamKnown && known[q]
+			upstream = append(upstream, seen[q]...)
+			if len(runs[q].Outputs) > 0 {
+				upstream = append(upstream, q)
+			}
+		}
+		slices.Sort(upstream)
+		upstream = slices.Compact(upstream)
+		// A run that executes nothing hands over no outputs either.
+		known[i] = upstreamKnown && (spec.Jig == JigNone || kind == TaskSkipped)
+		if !upstreamKnown {
+			continue // final inputs known at dispatch
+		}
+		seen[i] = upstream
+		outs := make([]models.RunOutputs, len(upstream))
+		for j, q := range upstream {
+			outs[j] = models.RunOutputs{TaskName: runs[q].TaskName, NodeName: runs[q].NodeName, Outputs: runs[q].Outputs}
+		}
+		runs[i].InputsHash = models.InputsHash(base, outs)
+		if kind == TaskSkipped {
 			runs[i].State = contract.RunSkipped
 			runs[i].Error = "skipped: the task's type is skipped"
 			continue
 		}
-		if !txn.Force && done[lcmKey{r.NodeID, r.Task.ID}] == hash {
+		prev := last[models.LCMKey{Node: r.NodeID, Task: r.Task.ID}]
+		if runs[i].LCM && prev.Reusable(runs[i].InputsHash) {
+			// It stands for that run: its children read that run's outputs.
 			runs[i].State = contract.RunSkipped
-			runs[i].Error = "skipped: unchanged since its last successful run on this node (force runs it)"
+			runs[i].Outputs = prev.Outputs
+			if runs[i].Outputs == nil {
+				runs[i].Outputs = map[string]string{}
+			}
+			if !txn.DryRun {
+				runs[i].FinishedAt = &now
+			}
+			runs[i].Error = fmt.Sprintf("skipped: its inputs (definition, node data, outputs it reads) are those of run %d, "+
+				"its last finished run on this node, which succeeded (force runs it)", prev.ID)
+			known[i] = true
 		}
 	}
 	if len(runs) > 0 {
@@ -221,46 +302,6 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 		}
 	}
 	return nil
-}
-
-// lcmKey names a task on a node.
-type lcmKey struct {
-	node int64
-	task string
-}
-
-// lastSucceeded maps each (node, task) of a deployment's graph type to the
-// inputs hash of its last successful run.
-func lastSucceeded(tx *gorm.DB, deploymentID int64, graphType string) (map[lcmKey]string, error) {
-	var rows []struct {
-		NodeID     int64
-		TaskName   string
-		InputsHash string
-	}
-	err := tx.Raw(`
-SELECT DISTINCT ON (r.node_id, r.task_name) r.node_id, r.task_name, r.inputs_hash
-FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
-WHERE t.deployment_id = ? AND r.graph_type = ? AND r.state = ?
-ORDER BY r.node_id, r.task_name, r.finished_at DESC`, deploymentID, graphType, contract.RunSucceeded).Scan(&rows).Error
-	if err != nil {
-		return nil, fmt.Errorf("load last successful runs: %w", err)
-	}
-	out := make(map[lcmKey]string, len(rows))
-	for _, r := range rows {
-		out[lcmKey{r.NodeID, r.TaskName}] = r.InputsHash
-	}
-	return out, nil
-}
-
-// inputsHash digests what a run depends on: the task's definition and the
-// node it runs on. Equal hashes mean re-running would do the same thing.
-func inputsHash(r plan.Run) string {
-	def, err := json.Marshal(r.Task)
-	if err != nil {
-		panic(fmt.Sprintf("marshal task %s: %v", r.Task.ID, err)) // plain data: cannot fail
-	}
-	sum := sha256.Sum256(append(append(def, 0), r.NodeName...))
-	return hex.EncodeToString(sum[:])
 }
 
 // contract.NodePlan loads a node's runs of graph gi in plan order with their edges.

@@ -1,0 +1,318 @@
+package models
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"gorm.io/gorm"
+
+	"github.com/anneal-dev/anneal/models/attrs"
+	"github.com/anneal-dev/anneal/workflows/contract"
+)
+
+// LCM (life-cycle management) skips a graph task on a node when running it
+// again would do nothing new: the last finished run of that task on that
+// node (any transaction of the same deployment, same graph type) succeeded,
+// or was itself skipped, with the same inputs. A failed run, or none, means
+// the task runs.
+//
+// The inputs are everything the task sees:
+//   - its definition and its node (InputsBase);
+//   - the merged data of its node, sent as $ANNEAL_ATTRS (NodeInputs);
+//   - the outputs of the runs it depends on, directly or not, as
+//     ANNEAL_OUT_* and ANNEAL_CONTEXT show them (UpstreamOutputs). Outputs
+//     of runs it does not depend on are left out: they are there or not
+//     depending on timing, so a task cannot rely on them.
+//
+// Where the hash is computed: the definition and merged data are known at
+// plan time, but the outputs of the runs it depends on are known at plan
+// time only when those runs are skipped too (a skipped run carries the
+// outputs of the run it stands for). So planning skips a run when it and
+// everything it depends on are unchanged; a run with an upstream run that
+// will execute is planned pending, and DispatchRun, when every upstream run
+// has ended, computes its final hash from the actual outputs and skips it
+// there if those match (the upstream task ran but handed over the same
+// outputs). The hash stored on a run is therefore always the one of what
+// it saw, and the next plan compares against that.
+
+// InputsBase digests the part of a run's inputs known at plan time: its
+// task's definition, its node and the merged data it is sent.
+func InputsBase(definition any, node string, data map[string]any) (string, error) {
+	raw, err := json.Marshal(struct {
+		Task any            `json:"task"`
+		Node string         `json:"node"`
+		Data map[string]any `json:"data"`
+	}{definition, node, data})
+	if err != nil {
+		return "", fmt.Errorf("encode the inputs of %s on %s: %w", definition, node, err)
+	}
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// InputsHash completes base with the outputs of the runs a run depends on.
+// Runs without outputs are not seen by the task and do not count; the
+// order of upstream does not matter.
+func InputsHash(base string, upstream []RunOutputs) string {
+	seen := make([]RunOutputs, 0, len(upstream))
+	for _, u := range upstream {
+		if len(u.Outputs) > 0 {
+			seen = append(seen, u)
+		}
+	}
+	slices.SortFunc(seen, func(a, b RunOutputs) int {
+		return cmp.Or(cmp.Compare(a.NodeName, b.NodeName), cmp.Compare(a.TaskName, b.TaskName))
+	})
+	raw, err := json.Marshal(seen)
+	if err != nil {
+		panic(fmt.Sprintf("encode outputs: %v", err)) // strings only: cannot fail
+	}
+	sum := sha256.Sum256(append(append([]byte(base), 0), raw...))
+	return hex.EncodeToString(sum[:])
+}
+
+// NodeInputs returns the merged data each graph task of a node sees, the
+// Fuel-style counterpart of a noderole's attributes: the deep merge of the
+// deployment's attributes, then the deployment's role data of each of the
+// node's roles (in the node's order), then the node's own attributes; with
+// "anneal": {"node", "roles", "tags"} naming the node, its roles and its
+// tags (as planning resolved them) on top. tags maps each node to return
+// to its tags.
+func NodeInputs(tx *gorm.DB, deploymentID int64, tags map[int64][]string) (map[int64]map[string]any, error) {
+	var dep Deployment
+	if err := tx.Select("id", "attributes").Take(&dep, deploymentID).Error; err != nil {
+		return nil, fmt.Errorf("load attributes of deployment %d: %w", deploymentID, err)
+	}
+	var roleRows []struct {
+		Name string
+		Data string
+	}
+	err := tx.Raw(`SELECT r.name, dr.data::text AS data FROM deployment_roles dr JOIN roles r ON r.id = dr.role_id
+		WHERE dr.deployment_id = ? ORDER BY r.id`, deploymentID).Scan(&roleRows).Error
+	if err != nil {
+		return nil, fmt.Errorf("load role data of deployment %d: %w", deploymentID, err)
+	}
+	roleData := make(map[string]map[string]any, len(roleRows))
+	for _, r := range roleRows {
+		var data map[string]any
+		if err := json.Unmarshal([]byte(r.Data), &data); err != nil {
+			return nil, fmt.Errorf("decode data of role %s in deployment %d: %w", r.Name, deploymentID, err)
+		}
+		roleData[r.Name] = data
+	}
+	ids := make([]int64, 0, len(tags))
+	for id := range tags {
+		ids = append(ids, id)
+	}
+	var nodes []Node
+	if err := tx.Select("id", "name", "roles", "attributes").Where("id IN ?", ids).Find(&nodes).Error; err != nil {
+		return nil, fmt.Errorf("load attributes of nodes: %w", err)
+	}
+	out := make(map[int64]map[string]any, len(nodes))
+	for _, n := range nodes {
+		layers := []map[string]any{dep.Attributes}
+		for _, role := range n.Roles {
+			layers = append(layers, roleData[role])
+		}
+		layers = append(layers, n.Attributes)
+		roles := n.Roles
+		if roles == nil {
+			roles = []string{}
+		}
+		nodeTags := tags[n.ID]
+		if nodeTags == nil {
+			nodeTags = []string{}
+		}
+		layers = append(layers, map[string]any{"anneal": map[string]any{
+			"node": n.Name, "roles": toAny(roles), "tags": toAny(nodeTags),
+		}})
+		// DeepMerge copies, so the layers stay untouched; a JSON round trip
+		// makes the result compare equal to what the database hands back.
+		merged, err := jsonRoundTrip(attrs.DeepMerge(layers...))
+		if err != nil {
+			return nil, fmt.Errorf("merge data of node %s: %w", n.Name, err)
+		}
+		out[n.ID] = merged
+	}
+	return out, nil
+}
+
+func toAny(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
+
+func jsonRoundTrip(m map[string]any) (map[string]any, error) {
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// LastRun is the last finished run of a task on a node, as LCM compares it.
+type LastRun struct {
+	ID         int64
+	NodeID     int64
+	TaskName   string
+	State      string
+	InputsBase string
+	InputsHash string
+	Outputs    map[string]string `gorm:"serializer:json"`
+}
+
+// Reusable says whether a run with the given inputs hash may stand for
+// this one: it succeeded (or was skipped, standing for one that did) with
+// the same inputs.
+func (l *LastRun) Reusable(hash string) bool {
+	return l != nil && (l.State == contract.RunSucceeded || l.State == contract.RunSkipped) && l.InputsHash == hash
+}
+
+// LCMKey names a task on a node.
+type LCMKey struct {
+	Node int64
+	Task string
+}
+
+// lastRunsSQL picks, per (node, task), the last finished run of a graph
+// type in a deployment (not a dry run's, not one a task of type skipped
+// made), after the node was last wiped. %s narrows it further.
+//
+// The tasks of type erase_node and move_to_bootstrap wipe a node: its runs
+// that finished before the last of them are forgotten, so a node erased and
+// sent back to bootstrap is provisioned again. A failed one counts too: it
+// may have wiped part of the node. The literals match the partial indexes
+// of migration 0014.
+const lastRunsSQL = `
+SELECT DISTINCT ON (r.node_id, r.task_name) r.id, r.node_id, r.task_name, r.state, r.inputs_base, r.inputs_hash, r.outputs
+FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
+WHERE t.deployment_id = ? AND r.graph_type = ? AND r.finished_at IS NOT NULL AND r.transaction_id IS NOT NULL
+  AND r.state IN ? AND r.task_type <> 'skipped' AND NOT t.dry_run AND %s
+  AND r.finished_at > coalesce((SELECT max(w.finished_at) FROM task_runs w
+        WHERE w.node_id = r.node_id AND w.task_type IN ('erase_node', 'move_to_bootstrap') AND w.finished_at IS NOT NULL), '-infinity')
+ORDER BY r.node_id, r.task_name, r.finished_at DESC, r.id DESC`
+
+var finishedStates = []string{contract.RunSucceeded, contract.RunFailed, contract.RunSkipped}
+
+// LastFinishedRuns returns the last finished run of each task on each of
+// nodes in a deployment's graph type (see lastRunsSQL).
+func LastFinishedRuns(tx *gorm.DB, deploymentID int64, graphType string, nodes []int64) (map[LCMKey]*LastRun, error) {
+	var rows []LastRun
+	err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id IN ?"), deploymentID, graphType, finishedStates, nodes).
+		Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("load the last finished runs of graph %s: %w", graphType, err)
+	}
+	out := make(map[LCMKey]*LastRun, len(rows))
+	for i := range rows {
+		out[LCMKey{rows[i].NodeID, rows[i].TaskName}] = &rows[i]
+	}
+	return out, nil
+}
+
+// UpstreamOutputs returns the outputs of the runs run depends on, directly
+// or not, that ended well (succeeded, or skipped with the outputs of the
+// run they stand for): what the task reads of them.
+func UpstreamOutputs(tx *gorm.DB, runID int64) ([]RunOutputs, error) {
+	var rows []struct {
+		TaskName string
+		NodeName string
+		Outputs  map[string]string `gorm:"serializer:json"`
+	}
+	err := tx.Raw(`
+WITH RECURSIVE up(id) AS (
+  SELECT parent_id FROM run_edges WHERE child_id = ?
+  UNION
+  SELECT e.parent_id FROM run_edges e JOIN up ON e.child_id = up.id
+)
+SELECT r.task_name, r.node_name, r.outputs FROM task_runs r JOIN up ON up.id = r.id
+WHERE r.state IN ? AND r.outputs <> '{}'::jsonb`, runID, []string{contract.RunSucceeded, contract.RunSkipped}).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("load the outputs run %d depends on: %w", runID, err)
+	}
+	out := make([]RunOutputs, len(rows))
+	for i, r := range rows {
+		out[i] = RunOutputs{TaskName: r.TaskName, NodeName: r.NodeName, Outputs: r.Outputs}
+	}
+	return out, nil
+}
+
+// settleInputs runs inside DispatchRun, when every run that run depends on
+// has ended: it stores the run's final inputs hash, over the outputs it is
+// about to see, and, when LCM applies and the last finished run of its task
+// on its node succeeded with that very hash, skips it instead (with that
+// run's outputs, which its children then read). It returns the skipped
+// run, or nil when the run is to be dispatched.
+func settleInputs(tx *gorm.DB, runID int64) (*TaskRun, error) {
+	return finalInputs(tx, runID, true)
+}
+
+// recordInputs stores a run's final inputs hash, as settleInputs does,
+// without skipping it: a no-op run costs nothing to run.
+func recordInputs(tx *gorm.DB, runID int64) error {
+	_, err := finalInputs(tx, runID, false)
+	return err
+}
+
+func finalInputs(tx *gorm.DB, runID int64, maySkip bool) (*TaskRun, error) {
+	var run TaskRun
+	err := tx.Select("id", "transaction_id", "node_id", "node_name", "task_name", "graph_type", "state", "inputs_base", "lcm").
+		Take(&run, runID).Error
+	if err != nil {
+		return nil, fmt.Errorf("load run %d: %w", runID, err)
+	}
+	if run.InputsBase == "" {
+		return nil, nil // a noderole's run, or one planned before LCM knew inputs
+	}
+	up, err := UpstreamOutputs(tx, runID)
+	if err != nil {
+		return nil, err
+	}
+	hash := InputsHash(run.InputsBase, up)
+	if maySkip && run.LCM && run.State == contract.RunPending {
+		var deploymentID int64
+		if err := tx.Raw(`SELECT deployment_id FROM transactions WHERE id = ?`, run.TransactionID).Scan(&deploymentID).Error; err != nil {
+			return nil, fmt.Errorf("load the deployment of run %d: %w", runID, err)
+		}
+		var last []LastRun
+		err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id = ? AND r.task_name = ? AND r.id <> ?"),
+			deploymentID, run.GraphType, finishedStates, run.NodeID, run.TaskName, run.ID).Scan(&last).Error
+		if err != nil {
+			return nil, fmt.Errorf("load the last finished run of %s on %s: %w", run.TaskName, run.NodeName, err)
+		}
+		if len(last) == 1 && last[0].Reusable(hash) {
+			outputs := last[0].Outputs
+			if outputs == nil {
+				outputs = map[string]string{}
+			}
+			now := Now()
+			skipped := TaskRun{ID: runID, State: contract.RunSkipped, InputsHash: hash, Outputs: outputs, FinishedAt: &now, UpdatedAt: now,
+				Error: fmt.Sprintf("skipped: the runs it depends on handed over the same outputs, and its inputs are those of run %d, which succeeded (force runs it)", last[0].ID)}
+			res := tx.Model(&skipped).Where("state = ?", contract.RunPending).
+				Select("state", "inputs_hash", "outputs", "finished_at", "updated_at", "error").Updates(&skipped)
+			if res.Error != nil {
+				return nil, fmt.Errorf("skip run %d: %w", runID, res.Error)
+			}
+			var out TaskRun
+			if err := tx.Take(&out, runID).Error; err != nil {
+				return nil, fmt.Errorf("load run %d: %w", runID, err)
+			}
+			return &out, nil
+		}
+	}
+	if err := tx.Model(&TaskRun{}).Where("id = ?", runID).Update("inputs_hash", hash).Error; err != nil {
+		return nil, fmt.Errorf("record the inputs of run %d: %w", runID, err)
+	}
+	return nil, nil
+}
