@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
+	_ "net/http/pprof" // served only with -pprof, on its own listener
 	"os"
 	"os/signal"
 	"syscall"
@@ -23,11 +25,16 @@ func main() {
 	flag.StringVar(&cfg.Domain, "domain", envOr("ANNEAL_DOMAIN", server.DefaultDomain), "admin DNS domain of node names")
 	flag.IntVar(&cfg.HeartbeatTimeoutSec, "heartbeat-timeout", 0, "seconds a run may go without an agent heartbeat (0: 60)")
 	flag.BoolVar(&cfg.NoWorker, "no-worker", false, "serve only the API")
+	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this address, e.g. 127.0.0.1:6060 (off by default)")
 	flag.Parse()
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if cfg.DatabaseURL == "" {
 		fmt.Fprintln(os.Stderr, "worker: set -database-url or DATABASE_URL")
 		os.Exit(2)
+	}
+	if *pprofAddr != "" {
+		// The API has its own router; the profiles go on the default mux only.
+		go func() { cfg.Log.Error("pprof server stopped", "error", http.ListenAndServe(*pprofAddr, nil)) }()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
