@@ -53,6 +53,7 @@ func procTimes(pid int) (self, children float64, ppid int, ok bool) {
 type pgMeter struct {
 	postmaster int
 	database   string
+	titles     map[int]bool // pid: a backend of our database (only the sampler touches it)
 
 	mu      sync.Mutex
 	base    map[int]float64 // CPU of our backends when the phase started (0 for new ones)
@@ -85,22 +86,35 @@ func newPGMeter(ctx context.Context, dbURL, database string) (*pgMeter, error) {
 }
 
 // scan returns the CPU of every child of the postmaster and whether it is
-// a backend of our database (its process title names the database).
+// a backend of our database (its process title names the database). It
+// reads the postmaster's children list, not all of /proc: the sampler's
+// own CPU counts as the agents'.
 func (m *pgMeter) scan() (cpu map[int]float64, ours map[int]bool) {
 	cpu, ours = map[int]float64{}, map[int]bool{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", m.postmaster, m.postmaster))
+	if err != nil {
+		return cpu, ours
+	}
+	if m.titles == nil {
+		m.titles = map[int]bool{}
+	}
+	for _, f := range strings.Fields(string(raw)) {
+		pid, err := strconv.Atoi(f)
 		if err != nil {
 			continue
 		}
-		self, _, ppid, ok := procTimes(pid)
-		if !ok || ppid != m.postmaster {
+		self, _, _, ok := procTimes(pid)
+		if !ok {
 			continue
 		}
 		cpu[pid] = self
-		title, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		ours[pid] = strings.Contains(string(title), " "+m.database+" ")
+		mine, known := m.titles[pid]
+		if !known {
+			title, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			mine = strings.Contains(string(title), " "+m.database+" ")
+			m.titles[pid] = mine
+		}
+		ours[pid] = mine
 	}
 	return cpu, ours
 }
@@ -114,7 +128,7 @@ func (m *pgMeter) clusterCPU(cpu map[int]float64) float64 {
 	return total
 }
 
-// start begins a phase: it samples every 200 ms until stop.
+// start begins a phase: it samples every 250 ms until stop.
 func (m *pgMeter) start() {
 	cpu, ours := m.scan()
 	m.mu.Lock()
@@ -129,7 +143,7 @@ func (m *pgMeter) start() {
 	m.mu.Unlock()
 	go func() {
 		defer close(m.done)
-		t := time.NewTicker(200 * time.Millisecond)
+		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
 			select {
