@@ -128,25 +128,41 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	var agents sync.WaitGroup
 	defer func() { stopAgents(); agents.Wait() }()
 	quiet := slog.New(slog.NewTextHandler(mustCreate(filepath.Join(dir, "agents.log")), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Agents start in waves: a thousand registering at once each start a
+	// bootstrap workflow inside their database transaction, which drains
+	// the worker's connection pool until requests time out (see the report
+	// of issue 14). The bench measures runs, not registration storms.
+	const wave = 25
 	names := make([]string, *nodes)
 	for i := range names {
 		names[i] = fmt.Sprintf("bench-%03d.%s", i+1, server.DefaultDomain)
-		cfg := daemon.Config{APIURL: apiURL, Name: names[i], EnrollToken: env["ANNEAL_ENROLL_TOKEN"],
-			WorkDir: filepath.Join(dir, "nodes", names[i]), Logger: quiet.With("node", names[i])}
-		agents.Add(1)
-		go func() { defer agents.Done(); _ = daemon.Run(agentCtx, cfg) }()
 	}
-	for i, name := range names {
-		roles := []string{"bench"}
-		if i == 0 {
-			roles = append(roles, "anchor")
+	for start := 0; start < len(names); start += wave {
+		batch := names[start:min(start+wave, len(names))]
+		for _, name := range batch {
+			cfg := daemon.Config{APIURL: apiURL, Name: name, EnrollToken: env["ANNEAL_ENROLL_TOKEN"],
+				WorkDir: filepath.Join(dir, "nodes", name), Logger: quiet.With("node", name)}
+			agents.Add(1)
+			go func() { defer agents.Done(); _ = daemon.Run(agentCtx, cfg) }()
 		}
-		if err := waitNode(ctx, api, name, nil); err != nil {
-			return err
+		for j, name := range batch {
+			roles := []string{"bench"}
+			if start+j == 0 {
+				roles = append(roles, "anchor")
+			}
+			if err := waitNode(ctx, api, name, nil); err != nil {
+				return err
+			}
+			if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", map[string]any{"deployment": "bench", "roles": roles}, nil); err != nil {
+				return err
+			}
 		}
-		if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", map[string]any{"deployment": "bench", "roles": roles}, nil); err != nil {
-			return err
-		}
+	}
+	// Let the nodes' bootstrap workflows and the annealer settle.
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(5 * time.Second):
 	}
 
 	// Rounds alternate which side goes first, and the median ratio is
@@ -174,7 +190,11 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 				if prof != nil {
 					r.profile = prof.stop(ctx)
 				}
-				if err != nil {
+				var failed *failedTx
+				if errors.As(err, &failed) && wall > 0 {
+					r.warning = "WARNING: " + failed.Error()
+					fmt.Printf("round %d: %s\n", round, r.warning)
+				} else if err != nil {
 					return err
 				}
 				r.anneal, r.runs = wall, runs
@@ -225,6 +245,11 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		float64(rss)/(1<<20), errSuffix(rssErr),
 		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
 		m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
+	for _, r := range results {
+		if r.warning != "" {
+			fmt.Println("  " + r.warning)
+		}
+	}
 	if m.hist.err != nil {
 		fmt.Printf("  (histories: %v)\n", m.hist.err)
 	}
@@ -266,6 +291,7 @@ type roundResult struct {
 	annealCPU, bareCPU  cpuUse
 	hist                historyStats
 	statements, profile string
+	warning             string // the anneal side did not end ready
 }
 
 func (r roundResult) ratio() float64 { return r.anneal.Seconds() / r.bare.Seconds() }
@@ -276,6 +302,17 @@ func ratios(rs []roundResult) string {
 		parts = append(parts, fmt.Sprintf("%.2f", r.ratio()))
 	}
 	return strings.Join(parts, " ")
+}
+
+// failedTx is a bench transaction that ended in error: the round is
+// reported, with this warning.
+type failedTx struct {
+	status, reason string
+	counts         map[string]int
+}
+
+func (f *failedTx) Error() string {
+	return fmt.Sprintf("the bench transaction ended %s (runs by state: %v): %s", f.status, f.counts, f.reason)
 }
 
 // runAnneal executes the bench graph through the API and returns the time
@@ -298,6 +335,15 @@ func runAnneal(ctx context.Context, api *apiClient) (time.Duration, int, string,
 		case models.TxPending, models.TxRunning:
 		case models.TxReady:
 			return tx.FinishedAt.Sub(tx.CreatedAt), tx.Total, started.TaskUUID, nil
+		case models.TxError:
+			// Still measured: a run lost to overload (say, a heartbeat
+			// timeout before dispatch) is itself a finding, and the
+			// figures of a 20-minute round should not be thrown away.
+			err := &failedTx{status: tx.Status, reason: tx.Error, counts: tx.Counts}
+			if tx.FinishedAt == nil {
+				return 0, tx.Total, started.TaskUUID, err
+			}
+			return tx.FinishedAt.Sub(tx.CreatedAt), tx.Total, started.TaskUUID, err
 		default:
 			return 0, 0, "", fmt.Errorf("bench transaction ended %s: %s", tx.Status, tx.Error)
 		}

@@ -423,8 +423,12 @@ func fetchTo(url, path string) error {
 
 // pgStatements wraps pg_stat_statements when the server preloads it.
 type pgStatements struct {
-	dbURL string
+	dbURL    string
+	sessions int64 // pg_stat_database.sessions at the last reset
 }
+
+// sessionsSQL counts the connections ever opened to the bench database.
+const sessionsSQL = "select sessions from pg_stat_database where datname = current_database()"
 
 // newPGStatements creates the extension in the bench database; it fails
 // (and the bench says why) unless shared_preload_libraries has it.
@@ -449,8 +453,11 @@ func (s *pgStatements) reset(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "select pg_stat_statements_reset()")
-	return err
+	if _, err = conn.Exec(ctx, "select pg_stat_statements_reset()"); err != nil {
+		return err
+	}
+	// The statistics collector lags by up to a second; good enough here.
+	return conn.QueryRow(ctx, sessionsSQL).Scan(&s.sessions)
 }
 
 // report writes the statements of the bench database ranked by total
@@ -461,6 +468,10 @@ func (s *pgStatements) report(ctx context.Context, path string, n int) (string, 
 		return "", err
 	}
 	defer conn.Close(ctx)
+	var sessions int64
+	if err := conn.QueryRow(ctx, sessionsSQL).Scan(&sessions); err != nil {
+		return "", err
+	}
 	rows, err := conn.Query(ctx, `select calls, total_exec_time, rows, query from pg_stat_statements
 		where dbid = (select oid from pg_database where datname = current_database())
 		order by total_exec_time desc`)
@@ -490,7 +501,8 @@ func (s *pgStatements) report(ctx context.Context, path string, n int) (string, 
 	}
 	sort.SliceStable(all, func(i, j int) bool { return all[i].ms > all[j].ms })
 	var full, short strings.Builder
-	fmt.Fprintf(&short, "  Postgres statements: %d calls, %.1f s executing; top %d by total time (all in %s):\n", calls, sum/1000, n, path)
+	fmt.Fprintf(&short, "  Postgres: %d connections opened during the phase; statements: %d calls, %.1f s executing; top %d by total time (all in %s):\n",
+		sessions-s.sessions, calls, sum/1000, n, path)
 	for i, st := range all {
 		line := fmt.Sprintf("%8d calls %9.1f ms %6.1f%% %9d rows  %s\n", st.calls, st.ms, 100*st.ms/max(sum, 1e-9), st.rows,
 			strings.Join(strings.Fields(st.query), " "))
