@@ -2,7 +2,8 @@
 //
 //	go run ./dev up     [--nodes N]         bring the whole system up until Ctrl-C
 //	go run ./dev test   [go test args...]   run the whole test suite on real services
-//	go run ./dev bench  [--nodes N --tasks M]  measure a graph against bare Temporal
+//	go run ./dev bench  [--nodes N --tasks M --rounds R --pprof DIR --eager-activities]
+//	                                        measure a graph against bare Temporal
 //
 // It finds or starts Postgres and the Temporal dev server (see package
 // devenv) and keeps its state under .dev/ at the module root.
