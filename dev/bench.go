@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -34,6 +35,9 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	nodes := fs.Int("nodes", 100, "simulated nodes")
 	tasks := fs.Int("tasks", 10, "tasks per node (a chain)")
 	rounds := fs.Int("rounds", 5, "rounds of anneal and bare, alternating which goes first")
+	eager := fs.Bool("eager-activities", false, "start the Temporal dev server with system.enableActivityEagerExecution=true (both sides benefit)")
+	sharedTransport := fs.Bool("shared-agent-transport", false, "all simulated agents share http.DefaultTransport (2 idle connections in all: nearly every agent request dials anew), as the bench did before; by default each agent has its own, as separate processes would")
+	pprofDir := fs.String("pprof", "", "write CPU profiles of the worker+API and of the agents during the anneal phases into DIR")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,6 +62,9 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	}
 	opts := devenv.DefaultTemporalOptions(dir)
 	opts.Port, opts.UIPort = 0, devenv.HeadlessUI
+	if *eager {
+		opts.ExtraArgs = append(opts.ExtraArgs, "--dynamic-config-value", "system.enableActivityEagerExecution=true")
+	}
 	tmp, err := devenv.EnsureTemporal(ctx, opts, log)
 	if err != nil {
 		return err
@@ -76,11 +83,39 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	}
 	apiAddr := fmt.Sprintf("127.0.0.1:%d", port)
 	apiURL := "http://" + apiAddr
-	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, "", apiAddr, env["ANNEAL_TOKEN"], filepath.Join(dir, "worker.log"))
+	var prof *profiler
+	var extra []string
+	if *pprofDir != "" {
+		if err := os.MkdirAll(*pprofDir, 0o755); err != nil {
+			return err
+		}
+		pport, err := devenv.FreePort()
+		if err != nil {
+			return err
+		}
+		pprofAddr := fmt.Sprintf("127.0.0.1:%d", pport)
+		extra = []string{"-pprof", pprofAddr}
+		prof = &profiler{dir: *pprofDir, workerURL: "http://" + pprofAddr}
+	}
+	srv, err := startBenchWorker(ctx, bin, dbURL, tmp.Address, apiAddr, env["ANNEAL_TOKEN"], filepath.Join(dir, "worker.log"), extra)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop(10 * time.Second)
+	tc, err := client.Dial(client.Options{HostPort: tmp.Address, Logger: nopLogger{}})
+	if err != nil {
+		return fmt.Errorf("dial Temporal: %w", err)
+	}
+	defer tc.Close()
+	meter := &phaseCPU{temporal: tmp.Pid(), worker: srv.Pid(), bench: os.Getpid()}
+	if meter.pg, err = newPGMeter(ctx, dbURL, "anneal_bench"); err != nil {
+		fmt.Printf("Postgres CPU not measured: %v\n", err)
+	}
+	stmts, err := newPGStatements(ctx, dbURL)
+	if err != nil {
+		fmt.Printf("Postgres statements not ranked (pg_stat_statements needs shared_preload_libraries; "+
+			"use a private cluster: ANNEAL_DEV_PG=private, then ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements' and restart it): %v\n", err)
+	}
 	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
 	if err := ensureEnrollToken(ctx, api, env); err != nil {
 		return err
@@ -97,25 +132,44 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	var agents sync.WaitGroup
 	defer func() { stopAgents(); agents.Wait() }()
 	quiet := slog.New(slog.NewTextHandler(mustCreate(filepath.Join(dir, "agents.log")), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Agents start in waves: a thousand registering at once each start a
+	// bootstrap workflow inside their database transaction, which drains
+	// the worker's connection pool until requests time out (see the report
+	// of issue 14). The bench measures runs, not registration storms.
+	const wave = 25
 	names := make([]string, *nodes)
 	for i := range names {
 		names[i] = fmt.Sprintf("bench-%03d.%s", i+1, server.DefaultDomain)
-		cfg := daemon.Config{APIURL: apiURL, Name: names[i], EnrollToken: env["ANNEAL_ENROLL_TOKEN"],
-			WorkDir: filepath.Join(dir, "nodes", names[i]), Logger: quiet.With("node", names[i])}
-		agents.Add(1)
-		go func() { defer agents.Done(); _ = daemon.Run(agentCtx, cfg) }()
 	}
-	for i, name := range names {
-		roles := []string{"bench"}
-		if i == 0 {
-			roles = append(roles, "anchor")
+	for start := 0; start < len(names); start += wave {
+		batch := names[start:min(start+wave, len(names))]
+		for _, name := range batch {
+			cfg := daemon.Config{APIURL: apiURL, Name: name, EnrollToken: env["ANNEAL_ENROLL_TOKEN"],
+				WorkDir: filepath.Join(dir, "nodes", name), Logger: quiet.With("node", name)}
+			if !*sharedTransport {
+				cfg.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+			}
+			agents.Add(1)
+			go func() { defer agents.Done(); _ = daemon.Run(agentCtx, cfg) }()
 		}
-		if err := waitNode(ctx, api, name, nil); err != nil {
-			return err
+		for j, name := range batch {
+			roles := []string{"bench"}
+			if start+j == 0 {
+				roles = append(roles, "anchor")
+			}
+			if err := waitNode(ctx, api, name, nil); err != nil {
+				return err
+			}
+			if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", map[string]any{"deployment": "bench", "roles": roles}, nil); err != nil {
+				return err
+			}
 		}
-		if _, err := api.call(ctx, http.MethodPatch, "/api/v1/nodes/"+name, "", map[string]any{"deployment": "bench", "roles": roles}, nil); err != nil {
-			return err
-		}
+	}
+	// Let the nodes' bootstrap workflows and the annealer settle.
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(5 * time.Second):
 	}
 
 	// Rounds alternate which side goes first, and the median ratio is
@@ -127,48 +181,128 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		for _, side := range []bool{annealFirst, !annealFirst} {
 			if side {
 				fmt.Printf("round %d: anneal, %d nodes x %d tasks...\n", round, *nodes, *tasks)
-				cpu := startCPU(tmp.Pid())
-				wall, runs, err := runAnneal(ctx, api)
-				if err != nil {
+				if stmts != nil {
+					if err := stmts.reset(ctx); err != nil {
+						return fmt.Errorf("reset pg_stat_statements: %w", err)
+					}
+				}
+				if prof != nil {
+					if err := prof.start(round); err != nil {
+						return err
+					}
+				}
+				meter.start()
+				wall, runs, txID, err := runAnneal(ctx, api)
+				r.annealCPU = meter.stop()
+				if prof != nil {
+					r.profile = prof.stop(ctx)
+				}
+				var failed *failedTx
+				if errors.As(err, &failed) && wall > 0 {
+					r.warning = "WARNING: " + failed.Error()
+					fmt.Printf("round %d: %s\n", round, r.warning)
+				} else if err != nil {
 					return err
 				}
-				r.anneal, r.runs, r.annealCPU = wall, runs, cpu.stop()
+				r.anneal, r.runs = wall, runs
+				if stmts != nil {
+					if r.statements, err = stmts.report(ctx, filepath.Join(dir, fmt.Sprintf("statements-r%d.txt", round)), 15); err != nil {
+						r.statements = "  (pg_stat_statements: " + err.Error() + ")\n"
+					}
+				}
+				r.hist = readHistories(ctx, tc, txID)
+				fmt.Printf("round %d: anneal: %s\n", round, r.annealCPU.split(r.runs))
 			} else {
 				fmt.Printf("round %d: bare Temporal, %d child workflows x %d no-op activities...\n", round, *nodes, *tasks)
-				cpu := startCPU(tmp.Pid())
+				meter.start()
 				wall, err := runBare(ctx, tmp.Address, *nodes, *tasks)
+				r.bareCPU = meter.stop()
 				if err != nil {
 					return err
 				}
-				r.bare, r.bareCPU = wall, cpu.stop()
+				r.bare = wall
 			}
 		}
 		fmt.Printf("round %d: anneal %.2fs, bare %.2fs, ratio %.2f\n", round, r.anneal.Seconds(), r.bare.Seconds(), r.ratio())
 		results = append(results, r)
 	}
 	rss, rssErr := devenv.PeakRSS(srv.Pid())
+	maxHist, maxChild := 0, 0
+	for _, r := range results {
+		maxHist, maxChild = max(maxHist, r.hist.txEvents), max(maxChild, r.hist.maxChild)
+	}
 	sort.Slice(results, func(i, j int) bool { return results[i].ratio() < results[j].ratio() })
 	m := results[len(results)/2]
+	bareRuns := *nodes * *tasks
 	fmt.Printf(`
 anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node dependency), median of %d rounds
-  anneal        %8.2fs  %6.0f task runs/s  (%d runs)
-  worker RSS    %8.1f MiB peak%s
-  bare Temporal %8.2fs  %6.0f activities/s
-  ratio anneal / bare: %.2f   (target <= 1.5; rounds: %s)
-  CPU seconds, anneal: Temporal server %.1f of %.1f on the machine
-  CPU seconds, bare:   Temporal server %.1f of %.1f on the machine
+  anneal            %8.2f s  %6.0f task runs/s  (%d runs)
+  bare Temporal     %8.2f s  %6.0f activities/s
+  ratio anneal/bare %8.2f    (target <= 1.0; rounds: %s)
+  planning          %8.3f s  (PlanGraph activity, started to completed; %.3f s queued before it started)
+  largest history   %8d events (transaction workflow); node workflows up to %d events (%s)
+  worker RSS        %8.1f MiB peak%s
+  anneal's own CPU per task run: %.2f ms (machine minus Temporal server, / runs); %.2f ms measured in anneal's processes
+                                 (%.2f ms counting the whole Postgres cluster: the right figure when it is private, ANNEAL_DEV_PG=private)
+  CPU seconds, anneal: %s
+  CPU seconds, bare:   %s
 `, *nodes, *tasks, len(results), m.anneal.Seconds(), float64(m.runs)/m.anneal.Seconds(), m.runs,
+		m.bare.Seconds(), float64(bareRuns)/m.bare.Seconds(), m.ratio(), ratios(results),
+		m.hist.planning.Seconds(), m.hist.planningQueued.Seconds(),
+		maxHist, maxChild, m.hist.maxChildID,
 		float64(rss)/(1<<20), errSuffix(rssErr),
-		m.bare.Seconds(), float64(*nodes**tasks)/m.bare.Seconds(), m.ratio(), ratios(results),
-		m.annealCPU.server, m.annealCPU.total, m.bareCPU.server, m.bareCPU.total)
+		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
+		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
+		m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
+	for _, r := range results {
+		if r.warning != "" {
+			fmt.Println("  " + r.warning)
+		}
+	}
+	if m.hist.err != nil {
+		fmt.Printf("  (histories: %v)\n", m.hist.err)
+	}
+	fmt.Print(m.statements, m.profile)
 	return nil
+}
+
+// startBenchWorker is startWorker with extra flags (the pprof listener).
+func startBenchWorker(ctx context.Context, bin, dbURL, temporalAddr, apiAddr, bootstrapToken, logFile string, extra []string) (*devenv.Proc, error) {
+	args := append([]string{"-database-url", dbURL, "-temporal", temporalAddr, "-api", apiAddr}, extra...)
+	cmd := exec.Command(filepath.Join(bin, "worker"), args...)
+	cmd.Env = append(os.Environ(), "ANNEAL_BOOTSTRAP_TOKEN="+bootstrapToken)
+	srv, err := devenv.StartProc("worker", cmd, logFile)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHealthy(ctx, "http://"+apiAddr, 60*time.Second, srv.Done()); err != nil {
+		srv.Stop(5 * time.Second)
+		return nil, fmt.Errorf("%w\n%s", err, srv.LogTail(20))
+	}
+	return srv, nil
+}
+
+// ours is the CPU of anneal's processes: worker+API, agents, and the
+// backends of the bench database.
+func (u cpuUse) ours() float64 { return u.worker + u.bench + u.pgOurs }
+
+// split shows where a phase's CPU went, and per run.
+func (u cpuUse) split(runs int) string {
+	per := func(s float64) string { return fmt.Sprintf("%.1f (%.2f ms/run)", s, 1000*s/float64(runs)) }
+	return fmt.Sprintf("machine %.1f = Temporal server %s + worker/API %s + agents/bench process %s + "+
+		"Postgres bench db %s [cluster %.1f, %d backends seen] + other %.1f",
+		u.total, per(u.server), per(u.worker), per(u.bench), per(u.pgOurs), u.pgCluster, u.pgBackends,
+		u.total-u.server-u.worker-u.bench-u.pgCluster)
 }
 
 // roundResult is one round of the benchmark.
 type roundResult struct {
-	anneal, bare       time.Duration
-	runs               int
-	annealCPU, bareCPU cpuUse
+	anneal, bare        time.Duration
+	runs                int
+	annealCPU, bareCPU  cpuUse
+	hist                historyStats
+	statements, profile string
+	warning             string // the anneal side did not end ready
 }
 
 func (r roundResult) ratio() float64 { return r.anneal.Seconds() / r.bare.Seconds() }
@@ -181,33 +315,56 @@ func ratios(rs []roundResult) string {
 	return strings.Join(parts, " ")
 }
 
+// failedTx is a bench transaction that ended in error: the round is
+// reported, with this warning.
+type failedTx struct {
+	status, reason string
+	counts         map[string]int
+}
+
+func (f *failedTx) Error() string {
+	return fmt.Sprintf("the bench transaction ended %s (runs by state: %v): %s", f.status, f.counts, f.reason)
+}
+
 // runAnneal executes the bench graph through the API and returns the time
 // from the transaction's creation to its end, as Postgres recorded them.
-func runAnneal(ctx context.Context, api *apiClient) (time.Duration, int, error) {
+func runAnneal(ctx context.Context, api *apiClient) (time.Duration, int, string, error) {
 	var started struct {
 		TaskUUID string `json:"task_uuid"`
 	}
 	if _, err := api.call(ctx, http.MethodPost, "/api/v1/graphs/execute", "",
 		// force: every round runs every task, although nothing changed.
 		map[string]any{"deployment": "bench", "graphs": []map[string]any{{"type": "bench"}}, "force": true}, &started); err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
 	for {
 		var tx fuel.TransactionStatus
 		if _, err := api.call(ctx, http.MethodGet, "/api/v1/transactions/"+started.TaskUUID, "", nil, &tx); err != nil {
-			return 0, 0, err
+			return 0, 0, "", err
 		}
 		switch tx.Status {
 		case models.TxPending, models.TxRunning:
 		case models.TxReady:
-			return tx.FinishedAt.Sub(tx.CreatedAt), tx.Total, nil
+			return tx.FinishedAt.Sub(tx.CreatedAt), tx.Total, started.TaskUUID, nil
+		case models.TxError:
+			// Still measured: a run lost to overload (say, a heartbeat
+			// timeout before dispatch) is itself a finding, and the
+			// figures of a 20-minute round should not be thrown away.
+			err := &failedTx{status: tx.Status, reason: tx.Error, counts: tx.Counts}
+			if tx.FinishedAt == nil {
+				return 0, tx.Total, started.TaskUUID, err
+			}
+			return tx.FinishedAt.Sub(tx.CreatedAt), tx.Total, started.TaskUUID, err
 		default:
-			return 0, 0, fmt.Errorf("bench transaction ended %s: %s", tx.Status, tx.Error)
+			return 0, 0, "", fmt.Errorf("bench transaction ended %s: %s", tx.Status, tx.Error)
 		}
 		select {
 		case <-ctx.Done():
-			return 0, 0, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+			return 0, 0, "", ctx.Err()
+		// The status counts every run of the transaction: polling it often
+		// would load the API with the bench's own curiosity. The time
+		// measured comes from Postgres, not from this loop.
+		case <-time.After(time.Second):
 		}
 	}
 }
@@ -310,42 +467,8 @@ func (nopLogger) Info(string, ...any)  {}
 func (nopLogger) Warn(string, ...any)  {}
 func (nopLogger) Error(string, ...any) {}
 
-// cpuMeter measures CPU seconds used by one process and by the machine.
-type cpuMeter struct {
-	pid           int
-	server, total float64
-}
-
-type cpuUse struct{ server, total float64 }
-
-func startCPU(pid int) *cpuMeter {
-	return &cpuMeter{pid: pid, server: procCPU(pid), total: machineCPU()}
-}
-
-func (m *cpuMeter) stop() cpuUse {
-	return cpuUse{server: procCPU(m.pid) - m.server, total: machineCPU() - m.total}
-}
-
 // clockTicks is USER_HZ, 100 on Linux.
 const clockTicks = 100.0
-
-// procCPU is utime+stime of a process in seconds (0 if unreadable).
-func procCPU(pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name, which is in parentheses.
-	rest := string(raw[strings.LastIndexByte(string(raw), ')')+2:])
-	f := strings.Fields(rest)
-	if len(f) < 13 {
-		return 0
-	}
-	var utime, stime float64
-	fmt.Sscan(f[11], &utime)
-	fmt.Sscan(f[12], &stime)
-	return (utime + stime) / clockTicks
-}
 
 // machineCPU is the busy (non-idle) CPU seconds of the whole machine.
 func machineCPU() float64 {

@@ -2,7 +2,8 @@
 //
 //	go run ./dev up     [--nodes N]         bring the whole system up until Ctrl-C
 //	go run ./dev test   [go test args...]   run the whole test suite on real services
-//	go run ./dev bench  [--nodes N --tasks M]  measure a graph against bare Temporal
+//	go run ./dev bench  [--nodes N --tasks M --rounds R --pprof DIR --eager-activities]
+//	                                        measure a graph against bare Temporal
 //	go run ./dev fuzz   [--time 20s] [pkgs...]  run each fuzz target for a while
 //	go run ./dev replay [--since 168h]      replay a running installation's executions on this code
 //	go run ./dev chaos  [--nodes N --tasks M]  kill processes mid-transaction, count lost and doubled runs

@@ -9,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
+	_ "net/http/pprof" // served only with -pprof, on its own listener
 	"os"
 	"os/signal"
 	"strings"
@@ -39,6 +41,7 @@ func main() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: worker [flags]\n       worker token create --name NAME [--scope admin|operator|viewer|enroll]\n\nflags:\n")
 		flag.PrintDefaults()
 	}
+	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this address, e.g. 127.0.0.1:6060 (off by default)")
 	flag.Parse()
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if cfg.DatabaseURL == "" {
@@ -53,6 +56,10 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.BootstrapToken = strings.TrimSpace(string(b))
+	}
+	if *pprofAddr != "" {
+		// The API has its own router; the profiles go on the default mux only.
+		go func() { cfg.Log.Error("pprof server stopped", "error", http.ListenAndServe(*pprofAddr, nil)) }()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
