@@ -186,8 +186,27 @@ func (a *Activities) whenNodeFree(ctx context.Context, in contract.RunTaskInput,
 		wait = defaultNodeBusyWait
 	}
 	deadline := time.Now().Add(wait)
+	dbLogged := false
 	for {
 		err := try()
+		if models.Unavailable(err) {
+			// Postgres is restarting or out of reach: nothing was
+			// dispatched, and spending the run's attempts on it would fail
+			// a task that never ran. Wait, heartbeating why, until it is
+			// back or the activity times out (then the workflow finds the
+			// run undelivered and delivers it again).
+			if !dbLogged {
+				a.Log.Warn("run waits for the database", "node", in.Node, "task", in.Task, "run", in.RunID, "error", err)
+				dbLogged = true
+			}
+			activity.RecordHeartbeat(ctx, "database unavailable: "+err.Error())
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(nodeBusyPoll):
+			}
+			continue
+		}
 		var busy *models.NodeBusyError
 		if !errors.As(err, &busy) {
 			return err

@@ -3,12 +3,14 @@ package activities_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
@@ -34,6 +36,7 @@ type fakeRuns struct {
 	mu         sync.Mutex
 	runs       map[int64]*models.TaskRun
 	busy       string // the node is busy with this, if set
+	down       int    // this many more dispatches find the database restarting
 	dispatches int
 	tokens     [][]byte
 }
@@ -55,6 +58,10 @@ func (f *fakeRuns) DispatchRun(_ context.Context, runID int64, token []byte) (*m
 	}
 	if f.busy != "" {
 		return nil, &models.NodeBusyError{Node: run.NodeName, Reason: f.busy}
+	}
+	if f.down > 0 {
+		f.down--
+		return nil, &pgconn.PgError{Severity: "FATAL", Code: "57P03", Message: "the database system is starting up"}
 	}
 	switch run.State {
 	case contract.RunPending, contract.RunRunning, contract.RunFailed:
@@ -195,6 +202,38 @@ func TestRunTaskOnNodeNodeBusy(t *testing.T) {
 	assert.Equal(t, contract.ErrTypeNodeBusy, appErrType(t, err))
 	assert.Contains(t, err.Error(), "noderole db-server is in transition")
 	assert.Zero(t, runs.dispatches)
+}
+
+// Postgres restarting while a run is dispatched costs the run nothing: the
+// activity waits, heartbeating, and dispatches once the database is back,
+// instead of failing an attempt of a task that never ran.
+func TestRunTaskOnNodeWaitsForTheDatabase(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	runs := newFakeRuns(pendingRun())
+	runs.down = 2
+	env.RegisterActivity(&activities.Activities{Runs: runs, Log: quiet})
+	_, err := env.ExecuteActivity(contract.RunTaskOnNodeActivity, contract.RunTaskInput{RunID: 7, Task: "setup", Node: "n1.anneal.test"})
+	require.ErrorIs(t, err, activity.ErrResultPending, "dispatched once the database answered")
+	assert.Equal(t, 1, runs.dispatches)
+	assert.Zero(t, runs.down)
+}
+
+func TestUnavailable(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "57P03"}, true},
+		{&pgconn.PgError{Code: "08006"}, true},
+		{fmt.Errorf("dispatch: %w", &pgconn.PgError{Code: "57P01"}), true},
+		{&pgconn.PgError{Code: "23505"}, false},
+		{models.Invalid("x", "bad"), false},
+		{&models.NodeBusyError{Node: "n", Reason: "r"}, false},
+		{nil, false},
+	} {
+		assert.Equal(t, tc.want, models.Unavailable(tc.err), "%v", tc.err)
+	}
 }
 
 // runTaskWorkflow runs one task on its node with retries, as a node

@@ -2,10 +2,13 @@ package models
 
 import (
 	"context"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -170,4 +173,26 @@ func TakeRef[T any](q *gorm.DB, what, ref string) (*T, error) {
 		return nil, fmt.Errorf("load %s %s: %w", what, ref, err)
 	}
 	return &row, nil
+}
+
+// Unavailable reports whether err says that Postgres could not be reached
+// or is restarting (a connection error, SQLSTATE class 08, 57P01-57P03,
+// too many connections), so that the same request may succeed later;
+// rather than that the request itself was refused.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", "53300":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, driver.ErrBadConn) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
 }
