@@ -92,6 +92,10 @@ func TestScenarioSelectedByExpression(t *testing.T) {
 		"transaction-multi-graph":  ans.WorkflowID,
 		"node-multi-graph-last":    contract.NodeWorkflowID(ans.TaskUUID, nodeName("ctl")),
 		"node-multi-graph-compute": contract.NodeWorkflowID(ans.TaskUUID, nodeName("cmp1")),
+		// Recorded once graphs ran as GraphRun children (graph-run-child).
+		"transaction-graph-children": ans.WorkflowID,
+		"graph-run-first":            contract.GraphWorkflowID(ans.TaskUUID, 0),
+		"graph-run-last":             contract.GraphWorkflowID(ans.TaskUUID, 1),
 	})
 	assert.Equal(t, "deployment", tx.Graphs[0].Type)
 	assert.Equal(t, []int64{ctlID}, tx.Graphs[1].Nodes)
