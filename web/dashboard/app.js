@@ -38,6 +38,13 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// fill replaces an element's children (arrays flattened, null and false
+// skipped, as h does).
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter((c) => c !== undefined && c !== null && c !== false));
+  return el;
+}
+
 function svg(tag, attrs, ...children) { return h('svg:' + tag, attrs, ...children); }
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || localStorage.getItem(TOKEN_KEY) || ''; }
@@ -48,6 +55,7 @@ function fmtTime(s) { return s ? new Date(s).toLocaleString() : '—'; }
 
 function fmtDur(ms) {
   if (ms < 0 || !isFinite(ms)) return '';
+  if (ms < 10000) return (ms / 1000).toFixed(1).replace(/\.0$/, '') + 's';
   const s = Math.round(ms / 1000);
   if (s < 60) return s + 's';
   if (s < 3600) return Math.floor(s / 60) + 'm' + String(s % 60).padStart(2, '0') + 's';
@@ -112,7 +120,7 @@ async function listAll(path, max = 20000) {
 // gave it); null clears it.
 function showError(err, what) {
   const box = document.getElementById('error');
-  box.replaceChildren();
+  fill(box);
   if (!err) { box.hidden = true; return; }
   box.hidden = false;
   box.append(h('strong', {}, what ? what + ': ' : 'Error: '), err.message || String(err));
@@ -249,7 +257,7 @@ async function deploymentsPage(page) {
           h('td', { class: 'muted' }, fmtTime(n.last_seen_at))))));
       return h('section', { class: 'card deployment', dataset: { deployment: d.name } }, head, table);
     });
-    el.replaceChildren(h('h1', {}, 'Deployments'), cards.length ? cards : h('p', { class: 'muted' }, 'No deployments yet.'));
+    fill(el, h('h1', {}, 'Deployments'), cards.length ? cards : h('p', { class: 'muted' }, 'No deployments yet.'));
   };
   await draw();
   const again = debounce(() => draw().catch((e) => showError(e, 'Refresh')), 400);
@@ -271,7 +279,7 @@ async function transactionsPage(page, params) {
       h('td', { class: 'muted' }, fmtTime(t.created_at)),
       h('td', {}, t.finished_at && t.started_at ? fmtDur(new Date(t.finished_at) - new Date(t.started_at)) : ''),
       h('td', {}, t.links && t.links.temporal_ui ? h('a', { href: t.links.temporal_ui, target: '_blank', rel: 'noopener' }, 'Temporal') : '')));
-    el.replaceChildren(h('h1', {}, 'Transactions', dep ? ` of ${dep}` : ''),
+    fill(el, h('h1', {}, 'Transactions', dep ? ` of ${dep}` : ''),
       h('div', { class: 'card' }, rows.length === 0 ? h('p', { class: 'muted' }, 'No transactions yet.') : h('table', { class: 'transactions' },
         h('thead', {}, h('tr', {}, ['Transaction', 'Deployment', 'Graphs', 'Status', 'Progress', 'Created', 'Took', ''].map((t) => h('th', {}, t)))),
         h('tbody', {}, rows))));
@@ -292,7 +300,7 @@ async function transactionPage(page, uuid) {
   let runs = [];
   const header = h('div');
   const timeline = h('div', { class: 'card timeline' });
-  el.replaceChildren(header, timeline);
+  fill(el, header, timeline);
 
   const load = async () => {
     [tx, runs] = await Promise.all([api('GET', '/transactions/' + uuid), listAll(`/transactions/${uuid}/runs`)]);
@@ -305,7 +313,7 @@ async function transactionPage(page, uuid) {
       if (!FINISHED_TX.includes(tx.status)) actions.push(actionButton('Stop', 'danger', async () => { await api('POST', `/transactions/${uuid}/stop`); await load(); }));
       if (tx.status === 'error' || tx.status === 'stopped') actions.push(actionButton('Retry', '', async () => { await api('POST', `/transactions/${uuid}/retry`); await load(); }));
     }
-    header.replaceChildren(
+    fill(header,
       h('h1', {}, 'Transaction ', h('code', {}, uuid)),
       h('div', { class: 'card' },
         h('div', { class: 'card-head' }, badge(tx.status), h('span', { id: 'tx-status', dataset: { status: tx.status } }, progressBar(tx.progress)),
@@ -361,8 +369,8 @@ async function transactionPage(page, uuid) {
       }
       return h('div', { class: 'tl-row', dataset: { node } }, h('div', { class: 'tl-node', title: node }, node), lane, wait);
     });
-    timeline.replaceChildren(
-      h('div', { class: 'legend' }, RUN_STATES.map((s) => { const i = h('i', { class: 'run s-' + s }); return h('span', {}, i, s); })),
+    fill(timeline,
+      h('div', { class: 'legend' }, RUN_STATES.map((s) => h('span', {}, h('i', { class: 'swatch s-' + s }), s))),
       h('div', { class: 'tl-axis' }, h('div', {}, 'node'), h('div', { class: 'ticks' }, ticks), h('div', {}, 'not started')),
       rows.length ? rows : h('p', { class: 'muted' }, tx.status === 'pending' ? 'Planning…' : 'No runs.'));
   };
@@ -394,13 +402,13 @@ async function runLogPage(page, uuid, runID) {
   const info = h('div', { class: 'card' });
   const pre = h('pre', { class: 'log', id: 'log' });
   const note = h('div');
-  el.replaceChildren(h('h1', {}, 'Run ', runID, ' of ', h('a', { href: '#/tx/' + uuid }, uuid.slice(0, 8))), info, note, pre);
+  fill(el, h('h1', {}, 'Run ', runID, ' of ', h('a', { href: '#/tx/' + uuid }, uuid.slice(0, 8))), info, note, pre);
 
   const readRun = async () => {
     const runs = await listAll(`/transactions/${uuid}/runs`);
     const r = runs.find((x) => String(x.id) === String(runID));
     if (!r) throw new ApiError(404, 'not_found', `transaction ${uuid} has no run ${runID}`);
-    info.replaceChildren(h('div', { class: 'card-head' }, h('strong', {}, r.task_name), 'on', h('span', {}, r.node_name), badge(r.state),
+    fill(info, h('div', { class: 'card-head' }, h('strong', {}, r.task_name), 'on', h('span', {}, r.node_name), badge(r.state),
       h('span', { class: 'muted' }, `attempt ${r.attempt}`), r.exit_code !== null && r.exit_code !== undefined ? h('span', { class: 'muted' }, `exit ${r.exit_code}`) : null,
       h('span', { class: 'muted' }, fmtTime(r.started_at), ' → ', fmtTime(r.finished_at))),
     r.error ? h('div', { class: 'error-box' }, r.error) : null);
@@ -434,10 +442,10 @@ async function runLogPage(page, uuid, runID) {
   // The tails kept with the run.
   if (res) res.body && res.body.cancel().catch(() => {});
   pre.dataset.source = 'tail';
-  note.replaceChildren(h('div', { class: 'notice' }, 'The full log is not available from this server' +
+  fill(note, h('div', { class: 'notice' }, 'The full log is not available from this server' +
     (res ? ` (${res.status})` : '') + '; showing the output tails kept with the run, updated live.'));
   const drawTail = (r) => {
-    pre.replaceChildren(r.stdout_tail || '', r.stderr_tail ? h('span', { class: 'stderr' }, r.stderr_tail) : '');
+    fill(pre, r.stdout_tail || '', r.stderr_tail ? h('span', { class: 'stderr' }, r.stderr_tail) : '');
     if (!r.stdout_tail && !r.stderr_tail) pre.append(h('span', { class: 'muted' }, r.state === 'running' || r.state === 'pending' ? '(no output yet)' : '(no output)'));
   };
   drawTail(await readRun());
@@ -486,18 +494,37 @@ function layered(ids, edges, boxW, boxH) {
   return { pos, width: pad * 2 + cols.length * (boxW + gapX) - gapX, height: pad * 2 + tallest * (boxH + gapY) - gapY };
 }
 
-// drawGraph renders boxes and edges as SVG.
+// drawGraph renders boxes and edges as SVG. An edge between neighbouring
+// columns is a curve between them; one that skips columns arcs above the
+// boxes it passes, higher the farther it goes.
 function drawGraph(nodes, edges, boxW, boxH) {
-  const { pos, width, height } = layered(nodes.map((n) => n.id), edges.map((e) => [e.from, e.to]), boxW, boxH);
-  const root = svg('svg', { class: 'graph', width: Math.max(width, 200), height: Math.max(height, 60), viewBox: `0 0 ${Math.max(width, 200)} ${Math.max(height, 60)}` });
+  const lay = layered(nodes.map((n) => n.id), edges.map((e) => [e.from, e.to]), boxW, boxH);
+  const colOf = (p) => Math.round((p.x - 16) / (boxW + 70));
+  let lift = 0;
+  for (const e of edges) {
+    const a = lay.pos.get(e.from), b = lay.pos.get(e.to);
+    if (a && b && Math.abs(colOf(b) - colOf(a)) > 1) lift = Math.max(lift, Math.min(140, 22 * (Math.abs(colOf(b) - colOf(a)) - 1) + 18));
+  }
+  const pos = new Map([...lay.pos].map(([id, p]) => [id, { x: p.x, y: p.y + lift }]));
+  const width = Math.max(lay.width, 200), height = Math.max(lay.height + lift, 60);
+  const root = svg('svg', { class: 'graph', width, height, viewBox: `0 0 ${width} ${height}` });
   root.append(svg('defs', {}, svg('marker', { id: 'arrow', viewBox: '0 0 10 10', refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: 'auto-start-reverse' },
     svg('path', { d: 'M 0 0 L 10 5 L 0 10 z', fill: '#9aa3b2' }))));
   for (const e of edges) {
     const a = pos.get(e.from), b = pos.get(e.to);
     if (!a || !b) continue;
-    const x1 = a.x + boxW, y1 = a.y + boxH / 2, x2 = b.x, y2 = b.y + boxH / 2;
-    const mx = (x1 + x2) / 2;
-    root.append(svg('path', { class: 'edge' + (e.cross ? ' cross' : ''), d: `M ${x1} ${y1} C ${mx} ${y1}, ${mx} ${y2}, ${x2} ${y2}`, 'marker-end': 'url(#arrow)' }));
+    const skip = colOf(b) - colOf(a);
+    let d;
+    if (skip > 1) {
+      const x1 = a.x + boxW * 0.75, y1 = a.y, x2 = b.x + boxW * 0.25, y2 = b.y;
+      const top = Math.min(y1, y2) - Math.min(140, 22 * (skip - 1) + 18);
+      d = `M ${x1} ${y1} C ${x1} ${top}, ${x2} ${top}, ${x2} ${y2}`;
+    } else {
+      const x1 = a.x + boxW, y1 = a.y + boxH / 2, x2 = b.x, y2 = b.y + boxH / 2;
+      const mx = (x1 + x2) / 2;
+      d = `M ${x1} ${y1} C ${mx} ${y1}, ${mx} ${y2}, ${x2} ${y2}`;
+    }
+    root.append(svg('path', { class: 'edge' + (e.cross ? ' cross' : ''), d, 'marker-end': 'url(#arrow)' }, svg('title', {}, `${e.from} → ${e.to}`)));
   }
   for (const n of nodes) {
     const p = pos.get(n.id);
@@ -537,7 +564,7 @@ async function taskGraphPage(page, depID, type) {
   const select = h('select', { onchange: (e) => { location.hash = `#/deployments/${depID}/graph/${encodeURIComponent(e.target.value)}`; } },
     (graphs.available || []).map((g) => h('option', { value: g, selected: g === type }, g)));
   const dot = h('pre', { class: 'log', hidden: true });
-  el.replaceChildren(h('h1', {}, `Task graph of ${dep.name}`),
+  fill(el, h('h1', {}, `Task graph of ${dep.name}`),
     h('div', { class: 'toolbar' }, 'graph', select, h('span', { class: 'muted' }, `${tasks.length} tasks, ${edges.length} edges (dashed: across nodes)`),
       h('button', { class: 'secondary', onclick: async () => {
         try { dot.textContent = await (await fetch(`/api/v1/deployments/${depID}/graphs/${encodeURIComponent(type)}/graph.gv`, { headers: { Authorization: 'Bearer ' + token() } })).text(); dot.hidden = !dot.hidden; } catch (e) { showError(e, 'DOT'); }
@@ -561,7 +588,7 @@ async function nodeRolesPage(page, depID, params) {
       title: `${n.role} on ${n.node}: ${n.state} (noderole ${n.id}, ${n.run_count} runs)`, href: n.links && n.links.temporal_ui }));
     const counts = {};
     shown.forEach((n) => { counts[n.state] = (counts[n.state] || 0) + 1; });
-    el.replaceChildren(h('h1', {}, `Noderoles of ${dep.name}`),
+    fill(el, h('h1', {}, `Noderoles of ${dep.name}`),
       h('div', { class: 'toolbar' }, 'snapshot', h('select', { onchange: (e) => { location.hash = `#/deployments/${depID}/noderoles?snapshot=${e.target.value}`; } },
         snaps.map((s) => h('option', { value: s, selected: s === snap }, s))),
         h('span', { class: 'counts' }, Object.entries(counts).map(([k, v]) => h('span', {}, badge(k), ' ', v)))),
@@ -591,7 +618,7 @@ function signInPage(page, reason) {
       state.me = await api('GET', '/whoami');
     } catch (e) {
       sessionStorage.removeItem(TOKEN_KEY);
-      msg.replaceChildren(errorBox(e, 'Sign-in refused'));
+      fill(msg, errorBox(e, 'Sign-in refused'));
       return;
     }
     if (remember.checked) localStorage.setItem(TOKEN_KEY, secret);
@@ -613,8 +640,8 @@ function signOut() {
 function drawWho() {
   const who = document.getElementById('who');
   const tl = document.getElementById('temporal-link');
-  if (!state.me) { who.replaceChildren(); tl.hidden = true; return; }
-  who.replaceChildren(h('span', { id: 'scope', dataset: { scope: state.me.scope } }, `${state.me.name} (${state.me.scope})`),
+  if (!state.me) { fill(who); tl.hidden = true; return; }
+  fill(who, h('span', { id: 'scope', dataset: { scope: state.me.scope } }, `${state.me.name} (${state.me.scope})`),
     h('button', { class: 'secondary', onclick: signOut }, 'Sign out'));
   const ui = state.me.links && state.me.links.temporal_ui;
   tl.hidden = !ui;
@@ -628,7 +655,7 @@ async function route() {
   const page = new Page();
   state.page = page;
   const app = document.getElementById('app');
-  app.replaceChildren(page.el);
+  fill(app, page.el);
   showError(null);
   const [path, query] = (location.hash.replace(/^#/, '') || '/').split('?');
   const params = new URLSearchParams(query || '');
@@ -649,10 +676,10 @@ async function route() {
     if (page.gone) return;
     if (e.status === 401) {
       sessionStorage.removeItem(TOKEN_KEY); localStorage.removeItem(TOKEN_KEY); state.me = null; drawWho();
-      page.el.replaceChildren();
+      fill(page.el);
       return signInPage(page, e);
     }
-    page.el.replaceChildren(errorBox(e, 'Cannot show this page'), h('p', {}, h('a', { href: '#/' }, 'Back to the deployments')));
+    fill(page.el, errorBox(e, 'Cannot show this page'), h('p', {}, h('a', { href: '#/' }, 'Back to the deployments')));
   }
 }
 
