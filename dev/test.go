@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strings"
 
 	"github.com/anneal-dev/anneal/dev/devenv"
 	"github.com/anneal-dev/anneal/dev/testenv"
@@ -50,6 +51,17 @@ func test(ctx context.Context, root, state string, args []string, log *slog.Logg
 	if len(args) == 0 {
 		args = []string{"./..."}
 	}
+	// The dashboard's test drives a real headless Chromium: find it, or
+	// install it when that is possible, for runs that include package web.
+	var browserEnv []string
+	if mayTestDashboard(args) {
+		if path, err := devenv.EnsureChromium(ctx, log); err != nil {
+			log.Warn("the dashboard test will fail without a browser", "error", err)
+			browserEnv = append(browserEnv, testenv.EnvChromiumError+"="+err.Error())
+		} else {
+			browserEnv = append(browserEnv, testenv.EnvChromium+"="+path)
+		}
+	}
 	goArgs = append(goArgs, args...)
 	log.Info("running tests", "postgres", pg.Source, "temporal", tmp.Address, "cmd", "go "+fmt.Sprint(goArgs))
 	cmd := exec.CommandContext(ctx, "go", goArgs...)
@@ -61,6 +73,7 @@ func test(ctx context.Context, root, state string, args []string, log *slog.Logg
 		testenv.EnvTemporal+"="+tmp.Address,
 		testenv.EnvRequire+"=1",
 	)
+	cmd.Env = append(cmd.Env, browserEnv...)
 	if err := cmd.Run(); err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {
@@ -69,6 +82,23 @@ func test(ctx context.Context, root, state string, args []string, log *slog.Logg
 		return fmt.Errorf("go test: %w", err)
 	}
 	return nil
+}
+
+// mayTestDashboard reports whether the packages of a `dev test` run may
+// include web (the dashboard's browser test): no package named, ./..., or
+// one naming web.
+func mayTestDashboard(args []string) bool {
+	named := false
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			continue
+		}
+		named = true
+		if a == "./..." || a == "..." || strings.Contains(a, "web") {
+			return true
+		}
+	}
+	return !named
 }
 
 // migrateOnce migrates a database and closes the connection (a template

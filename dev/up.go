@@ -115,6 +115,7 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	}
 	fmt.Printf(`
 anneal is up.
+  Dashboard    %s/   (sign in with the API token below)
   API          %s   (token in .dev/env: source .dev/env)
   API token    %s
   Temporal UI  %s
@@ -126,7 +127,7 @@ anneal is up.
 Try:  source .dev/env && curl -s -H "Authorization: Bearer $ANNEAL_TOKEN" \
         -d '{"deployment":"sample","graphs":[{"type":"deployment"}]}' $ANNEAL_URL/api/v1/graphs/execute
 Ctrl-C stops everything.
-`, apiURL, env["ANNEAL_TOKEN"], tmp.UIURL, tmp.Address, dbURL, pg.Source, strings.Join(names, ", "), devDeployment,
+`, apiURL, apiURL, env["ANNEAL_TOKEN"], tmp.UIURL, tmp.Address, dbURL, pg.Source, strings.Join(names, ", "), devDeployment,
 		filepath.Join(state, "logs"))
 	select {
 	case <-ctx.Done():

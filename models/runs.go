@@ -24,6 +24,12 @@ import (
 // polls when a run is dispatched; the payload is the node id.
 const WorkChannel = "anneal_work"
 
+// EventsChannel is the Postgres NOTIFY channel of the live event stream:
+// triggers (migration 0015) announce there every change of a transaction's
+// status, a run's or noderole's state and a node's status, as small JSON
+// objects (kind, id, deployment_id, state, ...).
+const EventsChannel = "anneal_events"
+
 // Default task parameters.
 const (
 	DefaultTaskTimeoutSec = 300

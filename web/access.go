@@ -41,6 +41,11 @@ var operatorRoutes = map[string]bool{
 	"DELETE /api/v1/nodes/:id/tags":                  true,
 }
 
+// Every other GET is a read open to viewers, the live event stream
+// (GET /api/v1/events) and GET /api/v1/whoami included: the dashboard
+// signed in with a viewer token sees everything and acts on nothing. The
+// dashboard's own files (GET / and /ui/:file) need no token at all.
+
 // adminReads are the reads only an admin may make.
 var adminReads = map[string]bool{
 	"GET /api/v1/tokens": true,

@@ -409,7 +409,10 @@ func bindRunResult(c echo.Context, res *protocol.RunResult) error {
 
 // workHub wakes long polls of one node when Postgres announces work for it.
 type workHub struct {
-	log     *slog.Logger
+	log *slog.Logger
+	// events, when set, receives the live event stream's notifications,
+	// read on the same LISTEN connection.
+	events  *eventHub
 	mu      sync.Mutex
 	waiters map[int64]map[chan struct{}]struct{}
 }
@@ -492,12 +495,25 @@ func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) 
 	if _, err := conn.Exec(ctx, "LISTEN "+models.WorkChannel); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	if h.events != nil {
+		if _, err := conn.Exec(ctx, "LISTEN "+models.EventsChannel); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		// Changes made while no connection listened were not announced.
+		h.events.resync("the server (re)connected to the database")
+	}
 	connected()
 	h.closeAll()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
+		}
+		if n.Channel == models.EventsChannel {
+			if h.events != nil {
+				h.events.publish(n.Payload)
+			}
+			continue
 		}
 		id, err := strconv.ParseInt(n.Payload, 10, 64)
 		if err != nil {

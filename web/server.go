@@ -75,6 +75,9 @@ type Server struct {
 	// 405 answer (methodNotAllowed).
 	routes map[string]bool
 	hub    *workHub
+	// events fans the database's change notifications out to the live
+	// event stream (events.go).
+	events *eventHub
 	auth   authCache
 	log    *slog.Logger
 }
@@ -86,8 +89,9 @@ func New(cfg Config) *Server {
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), log: cfg.Log,
+	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), events: newEventHub(cfg.Log), log: cfg.Log,
 		fuel: fuel.New(cfg.Store), crowbar: crowbar.New(cfg.Store), heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
+	s.hub.events = s.events
 	e.HTTPErrorHandler = s.handleError
 	e.Pre(s.methodNotAllowed)
 	e.Use(middleware.Recover())
@@ -142,6 +146,9 @@ func New(cfg Config) *Server {
 	admin.GET("/transactions/:uuid/runs", s.listRuns)
 	admin.POST("/transactions/:uuid/stop", s.stopTransaction)
 	admin.POST("/transactions/:uuid/retry", s.retryTransaction)
+	admin.GET("/events", s.streamEvents)
+	admin.GET("/whoami", s.whoami)
+	s.dashboardRoutes(e)
 	s.routes = map[string]bool{}
 	for _, r := range e.Routes() {
 		if r.Method != echo.RouteNotFound {
@@ -196,6 +203,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Run serves on addr until ctx ends, with the agents' wake-up listener.
 func (s *Server) Run(ctx context.Context, addr string) error {
 	go s.hub.listen(ctx, s.cfg.DatabaseURL)
+	s.closeEventsOnDone(ctx)
 	srv := &http.Server{Addr: addr, Handler: s.echo, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
@@ -207,15 +215,20 @@ func (s *Server) Run(ctx context.Context, addr string) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.hub.closeAll()
+	s.events.close() // event streams never end by themselves
 	if err := srv.Shutdown(shutdown); err != nil {
 		return fmt.Errorf("shut down API: %w", err)
 	}
 	return nil
 }
 
-// StartListener starts only the agents' wake-up listener, for servers run
-// through Handler (tests).
-func (s *Server) StartListener(ctx context.Context) { go s.hub.listen(ctx, s.cfg.DatabaseURL) }
+// StartListener starts only the database listener (the agents' wake-ups
+// and the live event stream), for servers run through Handler (tests); the
+// event streams end when ctx does.
+func (s *Server) StartListener(ctx context.Context) {
+	go s.hub.listen(ctx, s.cfg.DatabaseURL)
+	s.closeEventsOnDone(ctx)
+}
 
 func (s *Server) health(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})

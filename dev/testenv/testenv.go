@@ -27,6 +27,7 @@ import (
 	"go.temporal.io/sdk/worker"
 
 	"github.com/anneal-dev/anneal/agent/daemon"
+	"github.com/anneal-dev/anneal/dev/devenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/roles/network"
@@ -41,7 +42,36 @@ const (
 	EnvTemplate    = "ANNEAL_TEST_TEMPLATE"     // a migrated database to clone per test
 	EnvTemporal    = "ANNEAL_TEST_TEMPORAL_ADDRESS"
 	EnvRequire     = "ANNEAL_REQUIRE_INTEGRATION" // set: missing services fail instead of skip
+	// EnvChromium is the Chromium binary `dev test` found or installed
+	// for the dashboard's browser test; EnvChromiumError says why there is
+	// none.
+	EnvChromium      = "ANNEAL_TEST_CHROMIUM"
+	EnvChromiumError = "ANNEAL_TEST_CHROMIUM_ERROR"
 )
+
+// Chromium returns the headless browser for tests that drive the
+// dashboard: the one `dev test` found, else one on this machine. Without
+// one the test fails under `dev test` saying what to install (and is
+// skipped under a bare go test).
+func Chromium(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv(EnvChromium); p != "" {
+		return p
+	}
+	why := os.Getenv(EnvChromiumError)
+	if why == "" {
+		p, err := devenv.FindChromium()
+		if err == nil {
+			return p
+		}
+		why = err.Error()
+	}
+	if os.Getenv(EnvRequire) != "" {
+		t.Fatalf("the dashboard test needs a headless Chromium: %s", why)
+	}
+	t.Skipf("needs a headless Chromium: %s", why)
+	return ""
+}
 
 func need(t testing.TB, key string) string {
 	t.Helper()
