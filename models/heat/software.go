@@ -90,10 +90,10 @@ type SoftwareDeployment struct {
 	WorkflowID     string         `json:"workflow_id"`
 	// Deleting: DELETE was asked; the current round is its UNDEPLOY, after
 	// which the deployment is removed (kept, FAILED, if UNDEPLOY fails).
-	Deleting  bool  `json:"deleting"`
-	Version   int64 `json:"-" gorm:"->"`
-	CreatedAt      time.Time      `json:"created_at"`
-	UpdatedAt      time.Time      `json:"updated_at"`
+	Deleting  bool      `json:"deleting"`
+	Version   int64     `json:"-" gorm:"->"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 
 	// HeatStatus is Heat's resource status for the action and status:
 	// DEPLOY, REDEPLOY, UNDEPLOY map to CREATE, UPDATE, DELETE and
