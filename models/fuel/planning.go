@@ -93,6 +93,9 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 			if err := persistPlan(tx, &txn, gi, req.Type, p); err != nil {
 				return err
 			}
+			if err := recordFiltered(tx, &txn, gi, req, graph.Tasks, nodes, p); err != nil {
+				return err
+			}
 			if len(p.Warnings) > 0 {
 				warnings := append(slices.Clone(txn.Warnings), p.Warnings...)
 				if err := tx.Model(&txn).Select("warnings").Updates(&Transaction{Warnings: warnings}).Error; err != nil {
@@ -175,6 +178,12 @@ type PlanError struct{ Reason string }
 // Error returns the reason.
 func (e *PlanError) Error() string { return e.Reason }
 
+// Why a run is skipped, as its error says (the plan maps them to codes).
+const (
+	SkipTaskTypeReason  = "skipped: the task's type is skipped"
+	SkipUnchangedReason = "skipped: unchanged since its last successful run on this node (force runs it)"
+)
+
 func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *plan.Plan) error {
 	state := contract.RunPending
 	if txn.DryRun {
@@ -198,12 +207,12 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 		}
 		if r.Task.Kind() == TaskSkipped {
 			runs[i].State = contract.RunSkipped
-			runs[i].Error = "skipped: the task's type is skipped"
+			runs[i].Error = SkipTaskTypeReason
 			continue
 		}
 		if !txn.Force && done[lcmKey{r.NodeID, r.Task.ID}] == hash {
 			runs[i].State = contract.RunSkipped
-			runs[i].Error = "skipped: unchanged since its last successful run on this node (force runs it)"
+			runs[i].Error = SkipUnchangedReason
 		}
 	}
 	if len(runs) > 0 {
