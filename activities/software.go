@@ -15,6 +15,7 @@ import (
 type SoftwareRounds interface {
 	PrepareSoftwareRound(ctx context.Context, id int64, round int) (*contract.SoftwarePrepared, error)
 	FinishSoftwareRound(ctx context.Context, id int64, round int, status, reason string) (bool, error)
+	RemoveDeletedSoftware(ctx context.Context, id int64, round int) (bool, error)
 }
 
 // PrepareSoftwareRound starts a round: it resolves the get_attr references
@@ -48,4 +49,22 @@ func (a *Activities) FinishSoftwareRound(ctx context.Context, in contract.Softwa
 	a.Log.Info("software deployment round ended", "software_deployment", in.DeploymentID, "round", in.Round,
 		"status", in.Status, "reason", in.Reason, "changed", changed)
 	return changed, nil
+}
+
+// RemoveSoftwareDeployment removes a deleted deployment at the end of its
+// UNDEPLOY round: after the agent signalled success, or after the round's
+// timeout (logged as a warning: nothing confirmed the UNDEPLOY on the node).
+// Idempotent: a deployment already gone, or in another round, is left alone.
+func (a *Activities) RemoveSoftwareDeployment(ctx context.Context, in contract.SoftwareRemoval) error {
+	removed, err := a.Software.RemoveDeletedSoftware(ctx, in.DeploymentID, in.Round)
+	if err != nil {
+		return err
+	}
+	log := a.Log.Info
+	if in.TimedOut {
+		log = a.Log.Warn
+	}
+	log("software deployment removed after its UNDEPLOY round", "software_deployment", in.DeploymentID, "round", in.Round,
+		"reason", in.Reason, "timed_out", in.TimedOut, "removed", removed)
+	return nil
 }

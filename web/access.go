@@ -36,6 +36,7 @@ var operatorRoutes = map[string]bool{
 	"POST /api/v1/deployments/:id/snapshots/propose": true,
 	"POST /api/v1/deployments/:id/snapshots/commit":  true,
 	"POST /api/v1/snapshots/:id/noderoles":           true,
+	"DELETE /api/v1/noderoles/:id":                   true,
 	"POST /api/v1/snapshots/:id/commit":              true,
 	"POST /api/v1/nodes/:id/tags":                    true,
 	"DELETE /api/v1/nodes/:id/tags":                  true,

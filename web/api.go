@@ -325,7 +325,7 @@ func (s *Server) execute(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.transactionAccepted(c, txn, nil)
+	return s.transactionAccepted(c, txn, s.executeExtras(ctx, txn, in.Deployment, nil))
 }
 
 func uuidParam(c echo.Context) (uuid.UUID, error) {

@@ -36,6 +36,7 @@ var (
 		"POST /api/v1/noderoles/{id}/retry":               true, // retry
 		"POST /api/v1/deployments/{id}/snapshots/propose": true, // bind (a proposal to bind into)
 		"POST /api/v1/snapshots/{id}/noderoles":           true, // bind
+		"DELETE /api/v1/noderoles/{id}":                   true, // bind (undo a binding of a proposal)
 		"POST /api/v1/deployments/{id}/snapshots/commit":  true, // commit
 		"POST /api/v1/snapshots/{id}/commit":              true, // commit
 		"POST /api/v1/nodes/{id}/tags":                    true, // tag

@@ -2,6 +2,7 @@ package web
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -196,15 +197,35 @@ func (s *Server) getMergedGraph(c echo.Context) error {
 
 // getGraphDOT renders the merged graph planned on the deployment's nodes in
 // Graphviz DOT; a cycle is a 422 with its path, as for execute.
+// ?nodes=1,2 and ?tasks=a,b filter it as an execute's graphs[].nodes and
+// graphs[].tasks do (node ids; edges only between the runs kept).
 func (s *Server) getGraphDOT(c echo.Context) error {
 	ctx := c.Request().Context()
+	opts, err := fuel.ParsePlanFilters(listQuery(c, "nodes"), listQuery(c, "tasks"))
+	if err != nil {
+		return err
+	}
 	dep, err := s.cfg.Store.Deployment(ctx, c.Param("id"))
 	if err != nil {
 		return err
 	}
-	p, err := s.fuel.PlanPreview(ctx, dep, c.Param("type"))
+	p, err := s.fuel.PlanPreview(ctx, dep, c.Param("type"), opts)
 	if err != nil {
 		return err
 	}
 	return c.Blob(http.StatusOK, "text/vnd.graphviz; charset=utf-8", []byte(plan.DOT(p, dep.Name+"/"+c.Param("type"))))
+}
+
+// listQuery reads a list query parameter, comma-separated and/or repeated
+// (?tasks=a,b or ?tasks=a&tasks=b); empty entries are dropped.
+func listQuery(c echo.Context, name string) []string {
+	var out []string
+	for _, v := range c.QueryParams()[name] {
+		for _, part := range strings.Split(v, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				out = append(out, part)
+			}
+		}
+	}
+	return out
 }

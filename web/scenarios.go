@@ -84,7 +84,8 @@ func (s *Server) executeScenarioHandler(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.transactionAccepted(c, txn, map[string]any{"scenario": sp.Scenario.Name, "acts": sp.Acts})
+	return s.transactionAccepted(c, txn, s.executeExtras(c.Request().Context(), txn, string(req.Deployment),
+		map[string]any{"scenario": sp.Scenario.Name, "acts": sp.Acts}))
 }
 
 // executeScenario evaluates a scenario's acts over the deployment's nodes

@@ -144,6 +144,7 @@ func New(cfg Config) *Server {
 	admin.GET("/transactions", s.listTransactions)
 	admin.GET("/transactions/:uuid", s.getTransaction)
 	admin.GET("/transactions/:uuid/runs", s.listRuns)
+	admin.GET("/transactions/:uuid/plan", s.getTransactionPlan)
 	admin.POST("/transactions/:uuid/stop", s.stopTransaction)
 	admin.POST("/transactions/:uuid/retry", s.retryTransaction)
 	admin.GET("/events", s.streamEvents)

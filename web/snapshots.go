@@ -26,6 +26,8 @@ func (s *Server) snapshotRoutes(admin *echo.Group) {
 	admin.POST("/snapshots/:id/noderoles", s.bindRole)
 	admin.GET("/noderoles/:id", s.getNodeRole)
 	admin.PATCH("/noderoles/:id", s.updateNodeRole)
+	admin.DELETE("/noderoles/:id", s.removeNodeRole)
+	admin.GET("/snapshots/:id/diff", s.diffSnapshot)
 	admin.POST("/noderoles/:id/retry", s.retryNodeRole)
 }
 
@@ -205,4 +207,38 @@ func (s *Server) retryNodeRole(c echo.Context) error {
 	}
 	s.kickAnnealer(c.Request().Context(), fmt.Sprintf("noderole %d retried", id))
 	return c.JSON(http.StatusOK, nr)
+}
+
+// removeNodeRole removes a binding from a proposed snapshot; ?cascade=true
+// removes the noderoles that need it with it (else they are named in a
+// 409). 200 with the removed noderoles.
+func (s *Server) removeNodeRole(c echo.Context) error {
+	id, err := numericID(c, "noderole")
+	if err != nil {
+		return err
+	}
+	cascade, err := boolQuery(c, "cascade")
+	if err != nil {
+		return err
+	}
+	removed, err := s.crowbar.RemoveNodeRole(c.Request().Context(), id, cascade)
+	if err != nil {
+		return err
+	}
+	s.log.Info("noderole removed from its proposed snapshot", "noderole", id, "snapshot", removed[0].SnapshotID, "with_descendants", len(removed)-1)
+	return c.JSON(http.StatusOK, map[string]any{"removed": removed})
+}
+
+// diffSnapshot shows what a snapshot changes against its deployment's
+// committed snapshot.
+func (s *Server) diffSnapshot(c echo.Context) error {
+	id, err := numericID(c, "snapshot")
+	if err != nil {
+		return err
+	}
+	d, err := s.crowbar.DiffSnapshot(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, d)
 }

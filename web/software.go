@@ -148,7 +148,7 @@ func (s *Server) startSoftwareRound(ctx context.Context, d *heat.SoftwareDeploym
 	if replace {
 		opts.WorkflowIDConflictPolicy = enumspb.WORKFLOW_ID_CONFLICT_POLICY_TERMINATE_EXISTING
 	}
-	in := contract.SoftwareInput{DeploymentID: d.ID, Round: d.Round, Action: d.Action}
+	in := contract.SoftwareInput{DeploymentID: d.ID, Round: d.Round, Action: d.Action, Delete: d.Deleting}
 	if err := contract.StartSoftwareRound(ctx, s.cfg.Temporal, opts, in); err != nil {
 		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "could not start the software deployment workflow; nothing was recorded: "+err.Error())
 	}
@@ -213,12 +213,41 @@ func (s *Server) updateSoftwareDeployment(c echo.Context) error {
 	return c.JSON(http.StatusOK, d)
 }
 
+// deleteSoftwareDeployment deletes a deployment as Heat does: UNDEPLOY runs
+// on its server first (a new round), and the deployment is removed once
+// the agent signals it, or once the round times out (logged). The answer
+// is 202 with the round; GET shows it meanwhile (heat_status
+// DELETE_IN_PROGRESS). A failed UNDEPLOY keeps the deployment, FAILED.
+// ?force=true removes it at once without UNDEPLOY (204); ?timeout_sec=
+// bounds the UNDEPLOY round (default the deployment's timeout_sec).
 func (s *Server) deleteSoftwareDeployment(c echo.Context) error {
 	id, err := softwareIDParam(c, "software deployment")
 	if err != nil {
 		return err
 	}
+	force, err := boolQuery(c, "force")
+	if err != nil {
+		return err
+	}
+	timeout := 0
+	if v := c.QueryParam("timeout_sec"); v != "" {
+		if timeout, err = strconv.Atoi(v); err != nil || timeout < 1 || timeout > 7*24*3600 {
+			return &models.InputError{Status: http.StatusBadRequest, Field: "timeout_sec", Reason: fmt.Sprintf("%q is not a number of seconds between 1 and 604800", models.Clip(v))}
+		}
+	}
 	ctx := c.Request().Context()
+	if !force {
+		d, started, err := s.heat.StartSoftwareDelete(ctx, id, timeout, func(d *heat.SoftwareDeployment) error {
+			return s.startSoftwareRound(ctx, d, true)
+		})
+		if err != nil {
+			return err
+		}
+		if started {
+			s.log.Info("software deployment delete started: UNDEPLOY first", "software_deployment", d.ID, "round", d.Round, "timeout_sec", d.TimeoutSec)
+		}
+		return c.JSON(http.StatusAccepted, d)
+	}
 	d, err := s.heat.DeleteSoftwareDeployment(ctx, id)
 	if err != nil {
 		return err
@@ -228,6 +257,7 @@ func (s *Server) deleteSoftwareDeployment(c echo.Context) error {
 	if err != nil && !errors.As(err, &nf) {
 		s.log.Warn("could not stop the workflow of a deleted software deployment", "workflow_id", d.WorkflowID, "error", err)
 	}
+	s.log.Info("software deployment removed without UNDEPLOY (force)", "software_deployment", d.ID)
 	return c.NoContent(http.StatusNoContent)
 }
 
@@ -364,4 +394,17 @@ func (s *Server) agentSoftwareSignal(c echo.Context) error {
 	}
 	log.Info("software deployment signalled", "status_code", rec.Summary.StatusCode, "repeated", !rec.Fresh)
 	return c.JSON(http.StatusOK, map[string]any{"id": d.ID, "round": rec.Summary.Round, "status": d.Status, "repeated": !rec.Fresh})
+}
+
+// boolQuery reads an optional true/false query parameter.
+func boolQuery(c echo.Context, name string) (bool, error) {
+	v := c.QueryParam(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, &models.InputError{Status: http.StatusBadRequest, Field: name, Reason: fmt.Sprintf("%q is not true or false", models.Clip(v))}
+	}
+	return b, nil
 }

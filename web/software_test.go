@@ -3,6 +3,8 @@ package web_test
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -300,4 +302,98 @@ func TestSoftwareIndexInOneQuery(t *testing.T) {
 		assert.Equal(t, fmt.Sprintf("c%d", i), d.Config.Name)
 	}
 	assert.EqualValues(t, 1, queries.Load(), "the index must be one query")
+}
+
+// DELETE runs UNDEPLOY on the server first, as Heat does: the agent's hook
+// sees deploy_action=UNDEPLOY, the answer is 202 with the round, GET shows
+// DELETE_IN_PROGRESS meanwhile and the deployment is gone once signalled.
+// A failed UNDEPLOY keeps it FAILED (DELETE_FAILED) until force; a server
+// whose agent never answers is removed at the timeout.
+func TestSoftwareDeleteRunsUndeploy(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	st.StartAgent(t, nodeName("n1"))
+	trace := filepath.Join(t.TempDir(), "actions")
+	cfg := createConfig(t, st, map[string]any{
+		"name": "svc",
+		"config": `#!/bin/sh
+echo "$deploy_action $deploy_round" >> "$trace"
+if [ "$deploy_action" = UNDEPLOY ] && [ -e "$trace.hold" ]; then sleep 2; fi
+if [ "$deploy_action" = UNDEPLOY ] && [ "$fail_undeploy" = yes ]; then echo cannot >&2; exit 4; fi
+exit 0`,
+		"inputs": []map[string]any{{"name": "trace"}, {"name": "fail_undeploy", "default": "no"}},
+	})
+	d := createSoftware(t, st, map[string]any{"config_id": cfg.ID, "server_id": nodeName("n1"), "input_values": map[string]any{"trace": trace}})
+	got := waitSoftware(t, st, d.ID)
+	require.Equal(t, contract.SoftwareComplete, got.Status, got.StatusReason)
+
+	// Hold the hook a moment so that GET sees the delete in progress.
+	require.NoError(t, os.WriteFile(trace+".hold", nil, 0o644))
+	var del struct {
+		swDeployment
+		Deleting   bool   `json:"deleting"`
+		HeatStatus string `json:"heat_status"`
+	}
+	path := fmt.Sprintf("/api/v1/software_deployments/%d", d.ID)
+	status, raw := st.Do(t, http.MethodDelete, path, nil, &del)
+	require.Equal(t, http.StatusAccepted, status, "%s", raw)
+	assert.Equal(t, 2, del.Round)
+	assert.Equal(t, "UNDEPLOY", del.Action)
+	assert.True(t, del.Deleting)
+	assert.Equal(t, "DELETE_IN_PROGRESS", del.HeatStatus)
+	status, raw = st.Do(t, http.MethodGet, path, nil, &del)
+	require.Equal(t, http.StatusOK, status, "%s", raw)
+	assert.Equal(t, "DELETE_IN_PROGRESS", del.HeatStatus, "%s", raw)
+	// A second DELETE meanwhile starts nothing new; a new round is refused.
+	status, raw = st.Do(t, http.MethodDelete, path, nil, &del)
+	require.Equal(t, http.StatusAccepted, status, "%s", raw)
+	assert.Equal(t, 2, del.Round)
+	status, raw = st.Do(t, http.MethodPut, path, map[string]any{"action": "REDEPLOY"}, nil)
+	assert.Equal(t, http.StatusConflict, status, "%s", raw)
+	assert.Contains(t, string(raw), "being deleted")
+	require.Eventually(t, func() bool {
+		status, _ := st.Do(t, http.MethodGet, path, nil, nil)
+		return status == http.StatusNotFound
+	}, 60*time.Second, 100*time.Millisecond, "the deployment is removed after its UNDEPLOY")
+	lines, err := os.ReadFile(trace)
+	require.NoError(t, err)
+	assert.Equal(t, "DEPLOY 1\nUNDEPLOY 2\n", string(lines), "the hook ran DEPLOY, then UNDEPLOY once")
+	require.NoError(t, os.Remove(trace+".hold"))
+
+	// A failing UNDEPLOY keeps the deployment, FAILED, saying how to go on.
+	bad := createSoftware(t, st, map[string]any{"config_id": cfg.ID, "server_id": nodeName("n1"),
+		"input_values": map[string]any{"trace": trace, "fail_undeploy": "yes"}})
+	require.Equal(t, contract.SoftwareComplete, waitSoftware(t, st, bad.ID).Status)
+	badPath := fmt.Sprintf("/api/v1/software_deployments/%d", bad.ID)
+	status, raw = st.Do(t, http.MethodDelete, badPath, nil, nil)
+	require.Equal(t, http.StatusAccepted, status, "%s", raw)
+	got = waitSoftware(t, st, bad.ID)
+	assert.Equal(t, contract.SoftwareFailed, got.Status)
+	assert.Contains(t, got.StatusReason, "UNDEPLOY failed")
+	assert.Contains(t, got.StatusReason, "deploy_status_code 4")
+	st.Do(t, http.MethodGet, badPath, nil, &del)
+	assert.Equal(t, "DELETE_FAILED", del.HeatStatus)
+	assert.True(t, del.Deleting)
+	// force removes it at once.
+	status, raw = st.Do(t, http.MethodDelete, badPath+"?force=true", nil, nil)
+	require.Equal(t, http.StatusNoContent, status, "%s", raw)
+	status, _ = st.Do(t, http.MethodGet, badPath, nil, nil)
+	assert.Equal(t, http.StatusNotFound, status)
+
+	// A node whose agent never answers: removed once the round times out.
+	status, raw = st.Do(t, http.MethodPost, "/api/v1/nodes", map[string]any{"name": nodeName("gone")}, nil)
+	require.Equal(t, http.StatusCreated, status, "%s", raw)
+	orphan := createSoftware(t, st, map[string]any{"config_id": cfg.ID, "server_id": nodeName("gone"), "input_values": map[string]any{"trace": trace}})
+	orphanPath := fmt.Sprintf("/api/v1/software_deployments/%d", orphan.ID)
+	for _, bad := range []string{"?timeout_sec=0", "?timeout_sec=x", "?force=maybe"} {
+		status, raw = st.Do(t, http.MethodDelete, orphanPath+bad, nil, nil)
+		assert.Equal(t, http.StatusBadRequest, status, "%s: %s", bad, raw)
+	}
+	start := time.Now()
+	status, raw = st.Do(t, http.MethodDelete, orphanPath+"?timeout_sec=2", nil, nil)
+	require.Equal(t, http.StatusAccepted, status, "%s", raw)
+	require.Eventually(t, func() bool {
+		status, _ := st.Do(t, http.MethodGet, orphanPath, nil, nil)
+		return status == http.StatusNotFound
+	}, 60*time.Second, 100*time.Millisecond, "removed at the timeout")
+	assert.GreaterOrEqual(t, time.Since(start), 2*time.Second, "not before the timeout")
 }

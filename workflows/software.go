@@ -116,13 +116,39 @@ func SoftwareDeployment(ctx workflow.Context, in contract.SoftwareInput) (*contr
 	switch {
 	case got != nil:
 		status, reason := EvaluateSoftwareSignal(p.ErrorOutputs, *got)
+		if in.Delete && status == contract.SoftwareComplete {
+			return removeSoftware(ctx, contract.SoftwareRemoval{SoftwareRound: round,
+				Reason: fmt.Sprintf("UNDEPLOY signalled by the agent of node %s", p.Node)})
+		}
+		if in.Delete {
+			reason = "UNDEPLOY failed, the deployment is kept (DELETE again to retry, or with ?force=true to remove it without UNDEPLOY): " + reason
+		}
 		return finishSoftware(ctx, round, status, reason)
 	case timedOut:
-		return finishSoftware(ctx, round, contract.SoftwareFailed, fmt.Sprintf(
-			"timed out after %ds: the agent of node %s did not signal round %d", p.TimeoutSec, p.Node, in.Round))
+		reason := fmt.Sprintf("timed out after %ds: the agent of node %s did not signal round %d", p.TimeoutSec, p.Node, in.Round)
+		if in.Delete {
+			// The node is most likely gone with its server: a delete
+			// must not wait forever for an agent that will never answer.
+			return removeSoftware(ctx, contract.SoftwareRemoval{SoftwareRound: round, Reason: reason, TimedOut: true})
+		}
+		return finishSoftware(ctx, round, contract.SoftwareFailed, reason)
 	default:
 		return cancelledSoftware(ctx, round)
 	}
+}
+
+// removeSoftware ends the UNDEPLOY round of a deleted deployment by
+// removing it. Only rounds started by a delete (SoftwareInput.Delete, which
+// executions recorded before it existed never carry) come here; the version
+// marker keeps the change visible in their histories.
+func removeSoftware(ctx workflow.Context, rm contract.SoftwareRemoval) (*contract.SoftwareResult, error) {
+	if workflow.GetVersion(ctx, "software-delete-removes", workflow.DefaultVersion, 1) == workflow.DefaultVersion {
+		return finishSoftware(ctx, rm.SoftwareRound, contract.SoftwareComplete, rm.Reason)
+	}
+	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.RemoveSoftwareActivity, rm).Get(ctx, nil); err != nil {
+		return nil, fmt.Errorf("remove software deployment %d after its UNDEPLOY round %d: %w", rm.DeploymentID, rm.Round, err)
+	}
+	return &contract.SoftwareResult{Status: "DELETED", Reason: rm.Reason}, nil
 }
 
 func finishSoftware(ctx workflow.Context, round contract.SoftwareRound, status, reason string) (*contract.SoftwareResult, error) {

@@ -136,3 +136,89 @@ func TestSoftwareWaitsForReferences(t *testing.T) {
 	assert.Equal(t, contract.SoftwareFailed, res.Status)
 	assert.Contains(t, res.Reason, "waiting for software deployment(s) 3")
 }
+
+// deleteFake answers the activities of a delete's UNDEPLOY round: it
+// records both FinishSoftwareRound and RemoveSoftwareDeployment, whichever
+// the workflow calls.
+func newDeleteEnv(f *softwareFake, removals *[]contract.SoftwareRemoval) *testsuite.TestWorkflowEnvironment {
+	var ts testsuite.WorkflowTestSuite
+	env := loadedEnv(&ts)
+	workflows.Register(env)
+	a := &activities.Activities{}
+	env.OnActivity(a.PrepareSoftwareRound, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in contract.SoftwareRound) (*contract.SoftwarePrepared, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			p := f.prepares[min(f.calls, len(f.prepares)-1)]
+			f.calls++
+			return &p, nil
+		})
+	env.OnActivity(a.FinishSoftwareRound, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in contract.SoftwareEnd) (bool, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.ends = append(f.ends, in)
+			return true, nil
+		}).Maybe()
+	env.OnActivity(a.RemoveSoftwareDeployment, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in contract.SoftwareRemoval) error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			*removals = append(*removals, in)
+			return nil
+		}).Maybe()
+	return env
+}
+
+func runDelete(t *testing.T, env *testsuite.TestWorkflowEnvironment) contract.SoftwareResult {
+	env.ExecuteWorkflow(contract.SoftwareDeploymentWorkflow, contract.SoftwareInput{DeploymentID: 7, Round: 3, Action: contract.ActionUndeploy, Delete: true})
+	require.True(t, env.IsWorkflowCompleted())
+	require.NoError(t, env.GetWorkflowError())
+	var res contract.SoftwareResult
+	require.NoError(t, env.GetWorkflowResult(&res))
+	return res
+}
+
+// A delete's UNDEPLOY round removes the deployment once the agent signals
+// success, or once the round times out (saying so); a failed UNDEPLOY keeps
+// it, FAILED, with a reason that says how to go on.
+func TestSoftwareDeleteRemovesAfterUndeploy(t *testing.T) {
+	var removals []contract.SoftwareRemoval
+	f := &softwareFake{prepares: []contract.SoftwarePrepared{readyRound}}
+	env := newDeleteEnv(f, &removals)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(contract.SignalSoftware, contract.SoftwareSignalSummary{Round: 3})
+	}, time.Minute)
+	res := runDelete(t, env)
+	assert.Equal(t, "DELETED", res.Status)
+	require.Len(t, removals, 1)
+	assert.Equal(t, contract.SoftwareRound{DeploymentID: 7, Round: 3}, removals[0].SoftwareRound)
+	assert.False(t, removals[0].TimedOut)
+	assert.Empty(t, f.ends, "a removed deployment has no end to record")
+
+	// No signal: removed anyway at the timeout.
+	removals = nil
+	p := readyRound
+	p.TimeoutSec = 30
+	f = &softwareFake{prepares: []contract.SoftwarePrepared{p}}
+	env = newDeleteEnv(f, &removals)
+	res = runDelete(t, env)
+	assert.Equal(t, "DELETED", res.Status)
+	require.Len(t, removals, 1)
+	assert.True(t, removals[0].TimedOut)
+	assert.Contains(t, removals[0].Reason, "timed out after 30s")
+
+	// A failed UNDEPLOY keeps the deployment, FAILED.
+	removals = nil
+	f = &softwareFake{prepares: []contract.SoftwarePrepared{readyRound}}
+	env = newDeleteEnv(f, &removals)
+	env.RegisterDelayedCallback(func() {
+		env.SignalWorkflow(contract.SignalSoftware, contract.SoftwareSignalSummary{Round: 3, StatusCode: 2})
+	}, time.Second)
+	res = runDelete(t, env)
+	assert.Equal(t, contract.SoftwareFailed, res.Status)
+	assert.Empty(t, removals)
+	require.Len(t, f.ends, 1)
+	assert.Contains(t, f.ends[0].Reason, "UNDEPLOY failed")
+	assert.Contains(t, f.ends[0].Reason, "force=true")
+}

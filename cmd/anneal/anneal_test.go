@@ -425,6 +425,21 @@ func TestCLI(t *testing.T) {
 		assert.Contains(t, errLine(t, r), "--role")
 		r = cli(t, e, "snapshot", "bind", "x", "--node", nodeName("ctl"), "--role", "web")
 		assert.Equal(t, 2, r.code, "a snapshot id is a number")
+		// The proposal against the committed snapshot: web on ctl is new.
+		r = cli(t, e, "snapshot", "diff", id)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Contains(t, r.stdout, "+ web on "+nodeName("ctl")+"\n")
+		r = cli(t, e, "snapshot", "diff", id, "-o", "json")
+		require.Equal(t, 0, r.code, r.stderr)
+		diff := decode[struct {
+			Added   []map[string]any `json:"added"`
+			Removed []map[string]any `json:"removed"`
+			Changed []map[string]any `json:"changed"`
+		}](t, r)
+		require.Len(t, diff.Added, 1)
+		assert.Equal(t, "web", diff.Added[0]["role"])
+		assert.Empty(t, diff.Removed)
+		assert.Empty(t, diff.Changed)
 		r = cli(t, e, "snapshot", "commit", id, "-o", "json")
 		require.Equal(t, 0, r.code, r.stderr)
 		committed := decode[struct {

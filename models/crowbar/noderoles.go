@@ -675,8 +675,8 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 
 // FinishNodeRole ends a run: with ok the noderole goes active and its
 // blocked children whose parents are now all active go todo; otherwise it
-// goes to error and its todo descendants go blocked. wall (what the run
-// returned, as a diff) is stored either way.
+// goes to error and its descendants (but those in transition) go blocked.
+// wall (what the run returned, as a diff) is stored either way.
 func (s *Store) FinishNodeRole(ctx context.Context, id int64, ok bool, wall map[string]any) (*NodeRole, error) {
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		nr, err := lockForTransition(tx, id)
@@ -795,8 +795,13 @@ func unblockChildren(tx *gorm.DB, id int64) ([]int64, error) {
 	return changed, nil
 }
 
-// blockDescendants sets every todo descendant (in committed snapshots) of
-// an errored noderole to blocked.
+// blockDescendants sets every descendant (in committed snapshots) of an
+// errored noderole to blocked, as the seed has it ("all of its children to
+// BLOCKED if they were not already blocked"): todo ones, and active and
+// errored ones too, which run again once the error is fixed and their
+// parents are active (unblockChildren). A descendant in transition is left
+// to finish its run: its workflow ends it, and it is blocked only if it
+// fails.
 func blockDescendants(tx *gorm.DB, id int64) ([]int64, error) {
 	var changed []int64
 	if err := tx.Raw(`WITH RECURSIVE d(id) AS (
@@ -804,7 +809,7 @@ func blockDescendants(tx *gorm.DB, id int64) ([]int64, error) {
 			UNION SELECT e.child_id FROM noderole_edges e JOIN d ON e.parent_id = d.id)
 		UPDATE noderoles n SET state = 'blocked', updated_at = now()
 		FROM d, snapshots s
-		WHERE n.id = d.id AND s.id = n.snapshot_id AND s.state = 'committed' AND n.state = 'todo'
+		WHERE n.id = d.id AND s.id = n.snapshot_id AND s.state = 'committed' AND n.state IN ('todo', 'active', 'error')
 		RETURNING n.id`,
 		map[string]any{"id": id}).Scan(&changed).Error; err != nil {
 		return nil, fmt.Errorf("block descendants of noderole %d: %w", id, err)

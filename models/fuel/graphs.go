@@ -123,22 +123,28 @@ func noGraph(err error, dep *models.Deployment, graphType string) error {
 
 // PlanPreview plans a deployment's graph of a type on its plannable nodes
 // exactly as execute validates it (ExecutableGraph, plannableNodes,
-// plan.Build), recording no transaction. A cycle or bad graph is an
-// *InputError on field "tasks" with the cycle's path; a type no level
-// defines is ErrNotFound. Like execute, it settles the deployment's primary
-// tags (they are stable across plans).
-func (s *Store) PlanPreview(ctx context.Context, dep *models.Deployment, graphType string) (*plan.Plan, error) {
+// plan.Build, the node and task filters of opts checked as execute checks
+// graphs[].nodes and graphs[].tasks), recording no transaction. A cycle or
+// bad graph is an *InputError on field "tasks" with the cycle's path; a
+// filter naming a node outside the deployment or an unknown task is an
+// *InputError on nodes[i] or tasks[i]; a type no level defines is
+// ErrNotFound. Like execute, it settles the deployment's primary tags
+// (they are stable across plans).
+func (s *Store) PlanPreview(ctx context.Context, dep *models.Deployment, graphType string, opts plan.Options) (*plan.Plan, error) {
 	var p *plan.Plan
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		graph, err := graphTasks(tx, dep, graphType)
 		if err != nil {
 			return err
 		}
+		if err := checkFilters("", GraphRequest{Type: graphType, Nodes: opts.Nodes, Tasks: opts.Tasks}, graph, dep, tx); err != nil {
+			return err
+		}
 		nodes, err := plannableNodes(tx, dep.ID)
 		if err != nil {
 			return err
 		}
-		p, err = plan.Build(graph.Tasks, nodes, plan.Options{})
+		p, err = plan.Build(graph.Tasks, nodes, opts)
 		if err != nil {
 			return planError("tasks", err)
 		}

@@ -118,7 +118,7 @@ func TestGraphMergeThreeLevels(t *testing.T) {
 
 	// Planning uses the merged graph: gamma's monitor runs on the controller
 	// through its legacy role, after nothing but setup's successors.
-	p, err := s.PlanPreview(ctx, f.Dep, "deployment")
+	p, err := s.PlanPreview(ctx, f.Dep, "deployment", plan.Options{})
 	require.NoError(t, err)
 	labels := map[string]bool{}
 	for _, r := range p.Runs {

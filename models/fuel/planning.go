@@ -90,6 +90,9 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 			if err := persistPlan(tx, &txn, gi, req.Type, p, nodes); err != nil {
 				return err
 			}
+			if err := recordFiltered(tx, &txn, gi, req, graph.Tasks, nodes, p); err != nil {
+				return err
+			}
 			if len(p.Warnings) > 0 {
 				warnings := append(slices.Clone(txn.Warnings), p.Warnings...)
 				if err := tx.Model(&txn).Select("warnings").Updates(&Transaction{Warnings: warnings}).Error; err != nil {
@@ -171,6 +174,10 @@ type PlanError struct{ Reason string }
 
 // Error returns the reason.
 func (e *PlanError) Error() string { return e.Reason }
+
+// SkipTaskTypeReason is why a run of a task of type skipped is skipped,
+// as its error says (the plan maps it to its code).
+const SkipTaskTypeReason = "skipped: the task's type is skipped"
 
 // GraphVerification is the built-in graph that checks the nodes: LCM never
 // skips it, since what it checks is the world, not its inputs.
@@ -268,7 +275,7 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 		runs[i].InputsHash = models.InputsHash(base, outs)
 		if kind == TaskSkipped {
 			runs[i].State = contract.RunSkipped
-			runs[i].Error = "skipped: the task's type is skipped"
+			runs[i].Error = SkipTaskTypeReason
 			continue
 		}
 		prev := last[models.LCMKey{Node: r.NodeID, Task: r.Task.ID}]

@@ -182,7 +182,7 @@ func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *model
 		}
 		for j, id := range g.Nodes {
 			if !have[id] {
-				return models.Invalid(fmt.Sprintf("%s.nodes[%d]", field, j), "node %d is not in deployment %q", id, dep.Name)
+				return models.Invalid(subField(field, fmt.Sprintf("nodes[%d]", j)), "node %d is not in deployment %q", id, dep.Name)
 			}
 		}
 	}
@@ -192,10 +192,18 @@ func checkFilters(field string, g GraphRequest, graph *ResolvedGraph, dep *model
 	}
 	for j, name := range g.Tasks {
 		if !known[name] {
-			return models.Invalid(fmt.Sprintf("%s.tasks[%d]", field, j), "graph %q has no task %q", g.Type, name)
+			return models.Invalid(subField(field, fmt.Sprintf("tasks[%d]", j)), "graph %q has no task %q", g.Type, name)
 		}
 	}
 	return nil
+}
+
+// subField names a field inside another ("" for a top-level one).
+func subField(parent, name string) string {
+	if parent == "" {
+		return name
+	}
+	return parent + "." + name
 }
 
 // planError turns a planner error into bad input naming the graph.

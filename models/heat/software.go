@@ -88,13 +88,36 @@ type SoftwareDeployment struct {
 	SignaledRound  int            `json:"-"`
 	Signal         storedSignal   `json:"-" gorm:"serializer:json"`
 	WorkflowID     string         `json:"workflow_id"`
-	Version        int64          `json:"-" gorm:"->"`
-	CreatedAt      time.Time      `json:"created_at"`
-	UpdatedAt      time.Time      `json:"updated_at"`
+	// Deleting: DELETE was asked; the current round is its UNDEPLOY, after
+	// which the deployment is removed (kept, FAILED, if UNDEPLOY fails).
+	Deleting  bool      `json:"deleting"`
+	Version   int64     `json:"-" gorm:"->"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+
+	// HeatStatus is Heat's resource status for the action and status:
+	// DEPLOY, REDEPLOY, UNDEPLOY map to CREATE, UPDATE, DELETE and
+	// WAITING/IN_PROGRESS, COMPLETE, FAILED to IN_PROGRESS, COMPLETE,
+	// FAILED (the seed's mapping), e.g. DELETE_IN_PROGRESS.
+	HeatStatus string `json:"heat_status" gorm:"-"`
 
 	// Filled by the queries that join them.
 	ServerName string          `json:"server_name,omitempty" gorm:"-"`
 	Config     *SoftwareConfig `json:"config,omitempty" gorm:"-"`
+}
+
+// HeatResourceStatus maps a deployment's action and status to Heat's
+// resource status (the seed's table): DEPLOY→CREATE, REDEPLOY→UPDATE,
+// UNDEPLOY→DELETE; WAITING and IN_PROGRESS→IN_PROGRESS, COMPLETE→COMPLETE,
+// FAILED→FAILED.
+func HeatResourceStatus(action, status string) string {
+	a := map[string]string{contract.ActionDeploy: "CREATE", contract.ActionRedeploy: "UPDATE", contract.ActionUndeploy: "DELETE"}[action]
+	st := map[string]string{contract.SoftwareWaiting: "IN_PROGRESS", contract.SoftwareInProgress: "IN_PROGRESS",
+		contract.SoftwareComplete: "COMPLETE", contract.SoftwareFailed: "FAILED"}[status]
+	if a == "" || st == "" {
+		return ""
+	}
+	return a + "_" + st
 }
 
 // storedSignal is the agent's last signal, as kept in Postgres.
@@ -484,6 +507,7 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 		}
 		d.WorkflowID = contract.SoftwareWorkflowID(d.ID)
 		d.ServerName, d.Config = node.Name, &cfg
+		d.HeatStatus = HeatResourceStatus(d.Action, d.Status)
 		if err := start(d); err != nil { // may scope the workflow ID
 			return err
 		}
@@ -567,6 +591,9 @@ func (s *Store) UpdateSoftwareDeployment(ctx context.Context, id int64, up Softw
 		if err != nil {
 			return fmt.Errorf("load software deployment %d: %w", id, err)
 		}
+		if d.Deleting && (d.Status == contract.SoftwareWaiting || d.Status == contract.SoftwareInProgress) {
+			return &models.ConflictError{Reason: fmt.Sprintf("software deployment %d is being deleted (its UNDEPLOY round %d is %s); wait for it to end", id, d.Round, d.Status)}
+		}
 		var cfg SoftwareConfig
 		if err := tx.Take(&cfg, d.ConfigID).Error; err != nil {
 			return fmt.Errorf("load software config %d: %w", d.ConfigID, err)
@@ -582,8 +609,11 @@ func (s *Store) UpdateSoftwareDeployment(ctx context.Context, id int64, up Softw
 		}
 		d.Round++
 		d.Action, d.Status, d.StatusReason = action, contract.SoftwareWaiting, ""
+		// A new round after a failed delete is the operator changing
+		// their mind: the deployment stays.
+		d.Deleting = false
 		err = tx.Exec(`UPDATE software_deployments SET round = ?, action = ?, status = ?, status_reason = '', input_values = ?,
-timeout_sec = ?, version = nextval('software_deployment_version_seq'), updated_at = now() WHERE id = ?`,
+deleting = false, timeout_sec = ?, version = nextval('software_deployment_version_seq'), updated_at = now() WHERE id = ?`,
 			d.Round, d.Action, d.Status, swJSON(d.InputValues), d.TimeoutSec, id).Error
 		if err != nil {
 			return fmt.Errorf("start round %d of software deployment %d: %w", d.Round, id, err)
@@ -597,8 +627,69 @@ timeout_sec = ?, version = nextval('software_deployment_version_seq'), updated_a
 	return &d, nil
 }
 
-// DeleteSoftwareDeployment removes a deployment; the caller stops its
-// workflow.
+// StartSoftwareDelete starts the UNDEPLOY round of a deletion: the
+// deployment gets the next round with action UNDEPLOY, WAITING, marked
+// deleting, and start (which starts the round's workflow run, told to
+// remove the deployment at its end) is called inside the transaction.
+// timeoutSec, when not 0, replaces the deployment's timeout. A deployment
+// whose delete is already under way is returned as it is (started false).
+func (s *Store) StartSoftwareDelete(ctx context.Context, id int64, timeoutSec int, start func(*SoftwareDeployment) error) (d *SoftwareDeployment, started bool, err error) {
+	if timeoutSec != 0 && (timeoutSec < 1 || timeoutSec > 7*24*3600) {
+		return nil, false, models.Invalid("timeout_sec", "must be between 1 and 604800 seconds")
+	}
+	d = &SoftwareDeployment{}
+	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(d, id).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			return models.NotFound("software deployment", id)
+		}
+		if err != nil {
+			return fmt.Errorf("load software deployment %d: %w", id, err)
+		}
+		if d.Deleting && (d.Status == contract.SoftwareWaiting || d.Status == contract.SoftwareInProgress) {
+			return nil
+		}
+		var cfg SoftwareConfig
+		if err := tx.Take(&cfg, d.ConfigID).Error; err != nil {
+			return fmt.Errorf("load software config %d: %w", d.ConfigID, err)
+		}
+		if timeoutSec != 0 {
+			d.TimeoutSec = timeoutSec
+		}
+		d.Round++
+		d.Action, d.Status, d.StatusReason, d.Deleting = contract.ActionUndeploy, contract.SoftwareWaiting, "", true
+		err = tx.Exec(`UPDATE software_deployments SET round = ?, action = ?, status = ?, status_reason = '', deleting = true,
+timeout_sec = ?, version = nextval('software_deployment_version_seq'), updated_at = now() WHERE id = ?`,
+			d.Round, d.Action, d.Status, d.TimeoutSec, id).Error
+		if err != nil {
+			return fmt.Errorf("start the UNDEPLOY round %d of software deployment %d: %w", d.Round, id, err)
+		}
+		d.Config = &cfg
+		started = true
+		return start(d)
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	d.HeatStatus = HeatResourceStatus(d.Action, d.Status)
+	return d, started, nil
+}
+
+// RemoveDeletedSoftware removes a deployment at the end of the UNDEPLOY
+// round of its deletion. It reports false, changing nothing, when the
+// deployment is gone, in another round, or no longer being deleted.
+func (s *Store) RemoveDeletedSoftware(ctx context.Context, id int64, round int) (bool, error) {
+	var n []notifiedRow
+	err := s.DB.WithContext(ctx).Raw(`DELETE FROM software_deployments WHERE id = ? AND round = ? AND deleting
+RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`, id, round, models.WorkChannel).Scan(&n).Error
+	if err != nil {
+		return false, fmt.Errorf("remove deleted software deployment %d: %w", id, err)
+	}
+	return len(n) > 0, nil
+}
+
+// DeleteSoftwareDeployment removes a deployment at once, without UNDEPLOY
+// (DELETE ?force=true); the caller stops its workflow.
 func (s *Store) DeleteSoftwareDeployment(ctx context.Context, id int64) (*SoftwareDeployment, error) {
 	var d SoftwareDeployment
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -658,6 +749,7 @@ func (r softwareRow) deployment() SoftwareDeployment {
 	if d.OutputValues == nil {
 		d.OutputValues = map[string]any{}
 	}
+	d.HeatStatus = HeatResourceStatus(d.Action, d.Status)
 	return d
 }
 
@@ -811,6 +903,18 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 			}
 			var ref SoftwareDeployment
 			err = tx.Select("id", "status", "status_reason", "output_values").Take(&ref, refID).Error
+			if d.Deleting && (err != nil || ref.Status != contract.SoftwareComplete) {
+				// UNDEPLOY of a deleted deployment neither waits for nor
+				// fails on its references: the input keeps the value it
+				// had, if any.
+				if err != nil && !errors.Is(err, gorm.ErrRecordNotFound) {
+					return fmt.Errorf("load software deployment %d: %w", refID, err)
+				}
+				if v, ok := d.ResolvedInputs[name]; ok {
+					resolved[name] = v
+				}
+				continue
+			}
 			if errors.Is(err, gorm.ErrRecordNotFound) {
 				p.Failed = fmt.Sprintf("input %s: get_attr refers to software deployment %d, which no longer exists", name, refID)
 				return nil

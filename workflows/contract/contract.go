@@ -76,6 +76,7 @@ const (
 	BootstrapNodeActivity        = "BootstrapNode"
 	PrepareSoftwareRoundActivity = "PrepareSoftwareRound"
 	FinishSoftwareRoundActivity  = "FinishSoftwareRound"
+	RemoveSoftwareActivity       = "RemoveSoftwareDeployment"
 )
 
 // ActivityNames lists every activity name above, for the test that checks
@@ -86,6 +87,7 @@ var ActivityNames = []string{
 	FinishTransactionActivity, RecordNoOpActivity, FinishNodeGraphActivity, NodeBootIDActivity, RunDeliveryActivity,
 	AwaitRebootActivity, AnnealActivity, RecoverTransitionsActivity, PrepareNodeRoleRunActivity,
 	FinishNodeRoleRunActivity, BootstrapNodeActivity, PrepareSoftwareRoundActivity, FinishSoftwareRoundActivity,
+	RemoveSoftwareActivity,
 }
 
 // WorkflowNames lists every workflow type name, for the test that checks

@@ -37,6 +37,20 @@ type SoftwareInput struct {
 	DeploymentID int64  `json:"deployment_id"`
 	Round        int    `json:"round"`
 	Action       string `json:"action"`
+	// Delete: the round is the UNDEPLOY of a deleted deployment; once the
+	// agent signals success, or the round times out, the deployment is
+	// removed (RemoveSoftwareDeployment). A failed UNDEPLOY keeps it, FAILED.
+	Delete bool `json:"delete,omitempty"`
+}
+
+// SoftwareRemoval asks RemoveSoftwareDeployment to remove a deleted
+// deployment at the end of its UNDEPLOY round; Reason says why (the
+// agent's signal, or the timeout), for the log.
+type SoftwareRemoval struct {
+	SoftwareRound
+	Reason string `json:"reason"`
+	// TimedOut: the agent never signalled the UNDEPLOY round.
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 // SoftwareResult is how the round ended.

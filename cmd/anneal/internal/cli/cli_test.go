@@ -93,3 +93,14 @@ func TestExitCodes(t *testing.T) {
 	code, _ = run("--help")
 	assert.Equal(t, ExitOK, code)
 }
+
+// A changed binding's changes read as field.path: old → new, as the
+// server's diff gives them.
+func TestDescribeChanges(t *testing.T) {
+	got := describeChanges([]any{
+		map[string]any{"field": "user_data", "path": "port", "old": 5432.0, "new": 6543.0},
+		map[string]any{"field": "user_data", "path": "tls", "new": true},
+		map[string]any{"field": "parents", "old": []any{"db@n1"}, "new": []any{"db@n2"}},
+	})
+	assert.Equal(t, `user_data.port: 5432 → 6543; user_data.tls: (none) → true; parents: ["db@n1"] → ["db@n2"]`, got)
+}

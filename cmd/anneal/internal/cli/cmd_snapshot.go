@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -171,8 +172,8 @@ func (a *app) snapshotDiffCommand() *cobra.Command {
 			}{{"+", d.Added}, {"-", d.Removed}, {"~", d.Changed}} {
 				for _, it := range g.items {
 					line := fmt.Sprintf("%s %v on %v", g.mark, it["role"], it["node"])
-					if what, ok := it["changes"]; ok {
-						line += fmt.Sprintf(" (%v)", what)
+					if what, ok := it["changes"].([]any); ok {
+						line += " (" + describeChanges(what) + ")"
 					}
 					fmt.Fprintln(a.out, line)
 				}
@@ -247,4 +248,34 @@ func (a *app) snapshotListCommand() *cobra.Command {
 	cmd.Flags().StringVarP(&dep, "deployment", "d", "", "deployment name or id (required)")
 	_ = cmd.MarkFlagRequired("deployment")
 	return cmd
+}
+
+// describeChanges prints a changed binding's changes as
+// "user_data.port: 5432 → 6543; parents: [db@n1] → [db@n2]".
+func describeChanges(changes []any) string {
+	parts := make([]string, 0, len(changes))
+	for _, c := range changes {
+		m, ok := c.(map[string]any)
+		if !ok {
+			parts = append(parts, fmt.Sprint(c))
+			continue
+		}
+		field := fmt.Sprint(m["field"])
+		if p, ok := m["path"].(string); ok && p != "" {
+			field += "." + p
+		}
+		val := func(k string) string {
+			v, ok := m[k]
+			if !ok {
+				return "(none)"
+			}
+			b, err := json.Marshal(v)
+			if err != nil {
+				return fmt.Sprint(v)
+			}
+			return string(b)
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s → %s", field, val("old"), val("new")))
+	}
+	return strings.Join(parts, "; ")
 }
