@@ -117,14 +117,6 @@ func (l *logTail) sendAvailable(ctx context.Context) error {
 		return err
 	}
 	defer f.Close()
-	if l.truncated {
-		// Nothing more is kept: say how long the log is, if it grew.
-		fi, err := f.Stat()
-		if err != nil || fi.Size() <= l.offset {
-			return err
-		}
-		return l.send(ctx, fi.Size(), nil)
-	}
 	buf := make([]byte, LogChunkBytes)
 	for !l.truncated {
 		n, err := f.ReadAt(buf, l.offset)
@@ -147,7 +139,12 @@ func (l *logTail) sendAvailable(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	// The API keeps no more: only say how long the log is, if it grew.
+	fi, err := f.Stat()
+	if err != nil || fi.Size() <= l.offset {
+		return err
+	}
+	return l.send(ctx, fi.Size(), nil)
 }
 
 // send ships one chunk and moves to where the API says the next starts.
