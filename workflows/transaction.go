@@ -18,8 +18,10 @@ const (
 	// Transaction's history grows with its graphs, not with nodes × graphs.
 	versionGraphChild = "graph-run-child"
 	// versionSearchAttrs sets anneal's search attributes on the GraphRun
-	// and NodeRun children (copied from the transaction's) and upserts
-	// AnnealStatus when the transaction ends (version 1).
+	// and NodeRun children (copied from the transaction's), upserts
+	// AnnealStatus when the transaction ends, and fails the workflow
+	// (ErrTypeTransactionFailed) when the transaction ended in error
+	// (version 1).
 	versionSearchAttrs = "search-attributes"
 )
 
@@ -93,6 +95,15 @@ func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.
 	}
 	if stopped {
 		return &out, temporal.NewCanceledError(out.Error)
+	}
+	if withAttrs && out.Status == contract.OutcomeError {
+		// The end is recorded: the workflow fails too, so that
+		// ExecutionStatus="Failed" finds the transactions that failed.
+		msg := out.Error
+		if msg == "" {
+			msg = "the transaction ended in error"
+		}
+		return &out, temporal.NewNonRetryableApplicationError(msg, contract.ErrTypeTransactionFailed, nil, out)
 	}
 	return &out, nil
 }
