@@ -407,13 +407,14 @@ type chaosResult struct {
 	txError  string
 	recovery time.Duration // from the kill to the first run started after it finishing; -1 if none
 	killed   string        // what was killed
+	skipped  string        // why the scenario did not run
+	err      error         // the harness could not run the scenario
+
 	// workers are the identities' prefixes ("<pid>@") of the worker
 	// processes of a two-workers scenario; activities counts the
 	// transaction's activity tasks started per worker identity.
 	workers    []string
 	activities map[string]int
-	skipped  string        // why the scenario did not run
-	err      error         // the harness could not run the scenario
 }
 
 func (r chaosResult) failed() bool { return r.err != nil || r.lost > 0 || r.twice > 0 }
