@@ -27,12 +27,13 @@ const (
 	chaosCombined   = "worker+api"  // SIGKILL the process serving the worker and the API
 	chaosAPIOnly    = "api-only"    // split processes; SIGKILL the API-only one (-no-worker)
 	chaosWorkerOnly = "worker-only" // split processes; SIGKILL the worker-only one (no -api)
+	chaosTwoWorkers = "two-workers" // an API-only process and two worker-only ones; SIGKILL one worker for good
 	chaosAgent      = "agent"       // SIGKILL an agent with a task running, restart it
 	chaosTemporal   = "temporal"    // SIGKILL the Temporal dev server, restart it on its file
 	chaosPostgres   = "postgres"    // restart the private Postgres cluster
 )
 
-var chaosScenarios = []string{chaosNone, chaosCombined, chaosAPIOnly, chaosWorkerOnly, chaosAgent, chaosTemporal, chaosPostgres}
+var chaosScenarios = []string{chaosNone, chaosCombined, chaosAPIOnly, chaosWorkerOnly, chaosTwoWorkers, chaosAgent, chaosTemporal, chaosPostgres}
 
 // chaosConfig is what the flags of `dev chaos` say.
 type chaosConfig struct {
@@ -133,6 +134,7 @@ type chaosHarness struct {
 	names                   []string
 	agents                  map[string]*devenv.Proc
 	combined, apiP, workP   *devenv.Proc // the server processes of the current topology
+	workP2                  *devenv.Proc // a second worker-only process (two-workers)
 }
 
 func newChaosHarness(ctx context.Context, root, state string, cfg chaosConfig, log *slog.Logger) (*chaosHarness, error) {
@@ -307,18 +309,42 @@ func (h *chaosHarness) startAPIOnly(ctx context.Context) error {
 // startWorkerOnly starts the worker-only process (no -api). It has no
 // health endpoint: it counts as up when it is still running after a second.
 func (h *chaosHarness) startWorkerOnly(ctx context.Context) error {
-	p, err := devenv.StartProc("worker-only", h.serverArgs(), h.logFile("worker-only"))
-	if err != nil {
-		return err
-	}
+	p, err := h.startWorker(ctx, "worker-only")
 	h.workP = p
+	return err
+}
+
+// startSecondWorker starts a second worker-only process on the same task
+// queue, if none runs.
+func (h *chaosHarness) startSecondWorker(ctx context.Context) error {
+	if h.workP2 != nil {
+		return nil
+	}
+	p, err := h.startWorker(ctx, "worker-only-2")
+	h.workP2 = p
+	return err
+}
+
+// stopSecondWorker stops the second worker-only process, if one runs.
+func (h *chaosHarness) stopSecondWorker() {
+	if h.workP2 != nil {
+		_ = h.workP2.Stop(10 * time.Second)
+		h.workP2 = nil
+	}
+}
+
+func (h *chaosHarness) startWorker(ctx context.Context, name string) (*devenv.Proc, error) {
+	p, err := devenv.StartProc(name, h.serverArgs(), h.logFile(name))
+	if err != nil {
+		return nil, err
+	}
 	select {
 	case <-p.Done():
-		return fmt.Errorf("the worker-only process exited: %v\n%s", p.Err(), p.LogTail(20))
+		return p, fmt.Errorf("the %s process exited: %v\n%s", name, p.Err(), p.LogTail(20))
 	case <-ctx.Done():
-		return ctx.Err()
+		return p, ctx.Err()
 	case <-time.After(time.Second):
-		return nil
+		return p, nil
 	}
 }
 
@@ -335,7 +361,7 @@ func (h *chaosHarness) topology(ctx context.Context, split bool) error {
 	if split == (h.apiP != nil) && (h.combined != nil || h.apiP != nil) {
 		return nil
 	}
-	for _, p := range []**devenv.Proc{&h.combined, &h.apiP, &h.workP} {
+	for _, p := range []**devenv.Proc{&h.combined, &h.apiP, &h.workP, &h.workP2} {
 		if *p != nil {
 			_ = (*p).Stop(10 * time.Second)
 			*p = nil
@@ -354,7 +380,7 @@ func (h *chaosHarness) close() {
 	for _, p := range h.agents {
 		_ = p.Stop(5 * time.Second)
 	}
-	for _, p := range []*devenv.Proc{h.combined, h.apiP, h.workP} {
+	for _, p := range []*devenv.Proc{h.combined, h.apiP, h.workP, h.workP2} {
 		if p != nil {
 			_ = p.Stop(10 * time.Second)
 		}
@@ -383,6 +409,12 @@ type chaosResult struct {
 	killed   string        // what was killed
 	skipped  string        // why the scenario did not run
 	err      error         // the harness could not run the scenario
+
+	// workers are the identities' prefixes ("<pid>@") of the worker
+	// processes of a two-workers scenario; activities counts the
+	// transaction's activity tasks started per worker identity.
+	workers    []string
+	activities map[string]int
 }
 
 func (r chaosResult) failed() bool { return r.err != nil || r.lost > 0 || r.twice > 0 }
@@ -394,8 +426,12 @@ func (r chaosResult) line() string {
 	case r.err != nil:
 		return fmt.Sprintf("%s: %v", r.scenario, r.err)
 	}
-	return fmt.Sprintf("%s: killed %s; transaction %s ended %s; executed %d of %d, %d twice, %d lost; state counts %v%s",
-		r.scenario, r.killed, r.tx, r.status, r.executed, r.expected, r.twice, r.lost, r.counts, errSuffixText(r.txError))
+	workers := ""
+	if len(r.activities) > 0 {
+		workers = fmt.Sprintf("; activity tasks started per worker identity %v", r.activities)
+	}
+	return fmt.Sprintf("%s: killed %s; transaction %s ended %s; executed %d of %d, %d twice, %d lost; state counts %v%s%s",
+		r.scenario, r.killed, r.tx, r.status, r.executed, r.expected, r.twice, r.lost, r.counts, workers, errSuffixText(r.txError))
 }
 
 func errSuffixText(s string) string {
@@ -417,9 +453,19 @@ func (h *chaosHarness) run(ctx context.Context, scenario string) chaosResult {
 		return r
 	}
 	fmt.Printf("\n== scenario %s\n", scenario)
-	if err := h.topology(ctx, scenario == chaosAPIOnly || scenario == chaosWorkerOnly); err != nil {
+	if scenario != chaosTwoWorkers {
+		h.stopSecondWorker()
+	}
+	if err := h.topology(ctx, scenario == chaosAPIOnly || scenario == chaosWorkerOnly || scenario == chaosTwoWorkers); err != nil {
 		r.err = fmt.Errorf("set up the server processes: %w", err)
 		return r
+	}
+	if scenario == chaosTwoWorkers {
+		if err := h.startSecondWorker(ctx); err != nil {
+			r.err = fmt.Errorf("start the second worker: %w", err)
+			return r
+		}
+		r.workers = []string{fmt.Sprintf("%d@", h.workP.Pid()), fmt.Sprintf("%d@", h.workP2.Pid())}
 	}
 	if err := clearDir(h.runsDir); err != nil {
 		r.err = err
@@ -471,6 +517,12 @@ func (h *chaosHarness) run(ctx context.Context, scenario string) chaosResult {
 		return r
 	}
 	r.status, r.counts, r.txError = status.Status, status.Counts, status.Error
+	if scenario == chaosTwoWorkers {
+		if r.activities, err = h.activityIdentities(ctx, r.tx); err != nil {
+			r.err = err
+			return r
+		}
+	}
 	if r.retried, err = h.retriedRuns(ctx, r.tx); err != nil {
 		r.err = err
 		return r
@@ -518,6 +570,13 @@ func (h *chaosHarness) inject(ctx context.Context, scenario, tx string, r *chaos
 			return "", err
 		}
 		return "", h.startWorkerOnly(ctx)
+	case chaosTwoWorkers:
+		// The first worker goes for good: the second finishes alone.
+		if err := kill(h.workP); err != nil {
+			return "", err
+		}
+		h.workP, h.workP2 = h.workP2, nil
+		return "", nil
 	case chaosAgent:
 		node, err := h.nodeWithRunningTask(ctx, tx)
 		if err != nil {

@@ -135,6 +135,7 @@ func New(cfg Config) *Server {
 	s.scenarioRoutes(admin)
 	s.softwareRoutes(admin, mine)
 	s.deployableRoutes(admin)
+	s.logRoutes(admin, mine)
 	s.configServerRoutes(e)
 	admin.GET("/releases", s.listReleases)
 	admin.POST("/releases", s.importRelease)

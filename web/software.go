@@ -135,13 +135,23 @@ func (s *Server) startSoftwareRound(ctx context.Context, d *heat.SoftwareDeploym
 	if !replace && s.cfg.TaskQueue != "" && s.cfg.TaskQueue != "anneal" {
 		d.WorkflowID = s.cfg.TaskQueue + "/" + contract.SoftwareWorkflowID(d.ID)
 	}
+	// The node's and its deployment's names, for the summary and the
+	// search attributes (best effort: the ids do if the lookup fails).
+	nodeName, nodeAttr, depName := fmt.Sprintf("node %d", d.NodeID), "", ""
+	if n, err := s.cfg.Store.Node(ctx, strconv.FormatInt(d.NodeID, 10)); err == nil {
+		nodeName, nodeAttr = n.Name, n.Name
+		if dep, err := s.cfg.Store.Deployment(ctx, strconv.FormatInt(n.DeploymentID, 10)); err == nil {
+			depName = dep.Name
+		}
+	}
 	opts := client.StartWorkflowOptions{
 		ID:        d.WorkflowID,
 		TaskQueue: s.cfg.TaskQueue,
 		Memo: map[string]any{
 			"software_deployment": d.ID, "round": d.Round, "action": d.Action, "config": cfgName, "node_id": d.NodeID,
 		},
-		StaticSummary:                            fmt.Sprintf("%s software config %q on node %d (round %d)", d.Action, cfgName, d.NodeID, d.Round),
+		StaticSummary:                            fmt.Sprintf("%s software config %q on %s (round %d)", d.Action, cfgName, nodeName, d.Round),
+		TypedSearchAttributes:                    contract.SearchAttributesOf(depName, "", nodeAttr, "", ""),
 		WorkflowExecutionErrorWhenAlreadyStarted: true,
 		WorkflowIDReusePolicy:                    enumspb.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
 	}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
 
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
@@ -47,14 +49,33 @@ func (s *Server) startTransaction(ctx context.Context, in fuel.ExecuteInput, lab
 	return txn, nil
 }
 
+// transactionSearchAttributes are what a transaction's workflow carries for
+// `temporal workflow list --query` and the Web UI: its deployment, graph
+// types (comma-separated when several), uuid and status. Its GraphRun and
+// NodeRun children copy them (workflows.childSearchAttributes).
+func (s *Server) transactionSearchAttributes(ctx context.Context, txn *fuel.Transaction) temporal.SearchAttributes {
+	deployment := ""
+	if dep, err := s.cfg.Store.Deployment(ctx, strconv.FormatInt(txn.DeploymentID, 10)); err == nil {
+		deployment = dep.Name
+	} else {
+		s.log.Warn("transaction workflow started without its deployment search attribute", "transaction", txn.ID, "error", err)
+	}
+	types := make([]string, 0, len(txn.Graphs))
+	for _, g := range txn.Graphs {
+		types = append(types, g.Type)
+	}
+	return contract.SearchAttributesOf(deployment, strings.Join(types, ","), "", txn.ID.String(), models.TxRunning)
+}
+
 // startWorkflow starts a transaction's workflow under its readable ID. It
 // fails, rather than attaching to it, if a run with that ID is still open.
 func (s *Server) startWorkflow(ctx context.Context, txn *fuel.Transaction, summary string, memo map[string]any) error {
 	opts := client.StartWorkflowOptions{
-		ID:            txn.WorkflowID,
-		TaskQueue:     s.cfg.TaskQueue,
-		Memo:          memo,
-		StaticSummary: summary,
+		ID:                    txn.WorkflowID,
+		TaskQueue:             s.cfg.TaskQueue,
+		Memo:                  memo,
+		StaticSummary:         summary,
+		TypedSearchAttributes: s.transactionSearchAttributes(ctx, txn),
 	}
 	input := contract.TransactionInput{
 		TransactionID: txn.ID.String(), Graphs: len(txn.Graphs), HeartbeatTimeoutSec: s.cfg.HeartbeatTimeoutSec,

@@ -28,6 +28,12 @@ func main() {
 	var bootstrapFile string
 	flag.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
 	flag.StringVar(&cfg.TemporalAddress, "temporal", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port")
+	flag.BoolVar(&cfg.TemporalTLS.Enabled, "temporal-tls", false, "connect to Temporal with TLS (implied by the other -temporal-tls-* flags and -temporal-api-key)")
+	flag.StringVar(&cfg.TemporalTLS.CertFile, "temporal-tls-cert", "", "client certificate for mutual TLS with Temporal (PEM)")
+	flag.StringVar(&cfg.TemporalTLS.KeyFile, "temporal-tls-key", "", "client key for mutual TLS with Temporal (PEM)")
+	flag.StringVar(&cfg.TemporalTLS.CAFile, "temporal-tls-ca", "", "CA certificate that signed Temporal's (PEM; default: the system's roots)")
+	flag.StringVar(&cfg.TemporalTLS.ServerName, "temporal-tls-server-name", "", "name to verify Temporal's certificate against (default: the host of -temporal)")
+	flag.StringVar(&cfg.TemporalTLS.APIKey, "temporal-api-key", os.Getenv("TEMPORAL_API_KEY"), "Temporal API key, e.g. for Temporal Cloud (default $TEMPORAL_API_KEY; implies TLS)")
 	flag.StringVar(&cfg.Namespace, "namespace", envOr("TEMPORAL_NAMESPACE", "default"), "Temporal namespace")
 	flag.StringVar(&cfg.TaskQueue, "task-queue", server.DefaultTaskQueue, "Temporal task queue")
 	flag.StringVar(&cfg.APIAddr, "api", "", "also serve the REST API on this address, e.g. "+server.DefaultAPIAddr)

@@ -38,6 +38,9 @@ const versionAnnealerBounded = "annealer-bounded-history"
 // all served by it; a kick that arrives during a round starts another.
 func Annealer(ctx workflow.Context, in contract.AnnealerInput) error {
 	log := workflow.GetLogger(ctx)
+	// Shown in the Web UI, also after a continue-as-new (which drops the
+	// summary given at start); it records nothing in the history.
+	workflow.SetCurrentDetails(ctx, "The annealer: starts each bound noderole once its parents are active, one at a time per node; woken by commits, finished or retried noderoles and nodes coming back.")
 	kicks := workflow.GetSignalChannel(ctx, contract.SignalAnnealerKick)
 	// Noderoles in transition whose run is gone (terminated by an
 	// operator) are looked for at each start and whenever the fallback
@@ -51,7 +54,7 @@ func Annealer(ctx workflow.Context, in contract.AnnealerInput) error {
 		}
 		if recoverNow {
 			var ended []int64
-			if err := workflow.ExecuteActivity(stateActivity(ctx), contract.RecoverTransitionsActivity).Get(ctx, &ended); err != nil {
+			if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "look for noderoles in transition whose run is gone"), contract.RecoverTransitionsActivity).Get(ctx, &ended); err != nil {
 				return fmt.Errorf("check noderoles in transition: %w", err)
 			}
 			if len(ended) > 0 {
@@ -64,7 +67,7 @@ func Annealer(ctx workflow.Context, in contract.AnnealerInput) error {
 		// stays in the channel and wakes the next round at once.
 		drain(kicks)
 		var res contract.AnnealResult
-		if err := workflow.ExecuteActivity(stateActivity(ctx), contract.AnnealActivity).Get(ctx, &res); err != nil {
+		if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "annealing round %d: start the noderoles that can run", round+1), contract.AnnealActivity).Get(ctx, &res); err != nil {
 			return fmt.Errorf("anneal: %w", err)
 		}
 		if res.More {
@@ -100,7 +103,7 @@ func drain(c workflow.ReceiveChannel) {
 // the annealer is woken.
 func NodeRoleRun(ctx workflow.Context, in contract.NodeRoleRunInput) (*contract.NodeRoleRunResult, error) {
 	var plan contract.NodeRoleRunPlan
-	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.PrepareNodeRoleRunActivity, in).Get(ctx, &plan); err != nil {
+	if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "prepare %s on %s (run %d)", in.Role, in.Node, in.Run), contract.PrepareNodeRoleRunActivity, in).Get(ctx, &plan); err != nil {
 		return nil, fmt.Errorf("prepare %s on %s: %w", in.Role, in.Node, err)
 	}
 	if plan.Skip != "" {
@@ -110,7 +113,7 @@ func NodeRoleRun(ctx workflow.Context, in contract.NodeRoleRunInput) (*contract.
 	var err error
 	switch {
 	case !plan.HasScript || plan.Jig == "noop":
-		err = workflow.ExecuteActivity(stateActivity(ctx), contract.RecordNoOpActivity, plan.RunID).Get(ctx, nil)
+		err = workflow.ExecuteActivity(withSummary(stateActivity(ctx), "%s on %s (nothing to run)", in.Role, in.Node), contract.RecordNoOpActivity, plan.RunID).Get(ctx, nil)
 	default:
 		heartbeat := contract.DefaultHeartbeatTimeout
 		if in.HeartbeatTimeoutSec > 0 {
@@ -145,7 +148,7 @@ func NodeRoleRun(ctx workflow.Context, in contract.NodeRoleRunInput) (*contract.
 		return nil, fmt.Errorf("run %s on %s: %w", plan.Role, plan.Node, err)
 	}
 	var state string
-	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.FinishNodeRoleRunActivity, end).Get(ctx, &state); err != nil {
+	if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "finish %s on %s (run %d)", in.Role, in.Node, in.Run), contract.FinishNodeRoleRunActivity, end).Get(ctx, &state); err != nil {
 		return nil, fmt.Errorf("finish %s on %s: %w", plan.Role, plan.Node, err)
 	}
 	return &contract.NodeRoleRunResult{State: state, Reason: end.Reason}, nil
@@ -158,7 +161,7 @@ func NodeRoleRun(ctx workflow.Context, in contract.NodeRoleRunInput) (*contract.
 // brings the node up. Its result lists what was bound.
 func NodeBootstrap(ctx workflow.Context, in contract.NodeBootstrapInput) (*contract.BootstrapResult, error) {
 	var res contract.BootstrapResult
-	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.BootstrapNodeActivity, in).Get(ctx, &res); err != nil {
+	if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "bind the default roles of %s", in.Node), contract.BootstrapNodeActivity, in).Get(ctx, &res); err != nil {
 		return nil, fmt.Errorf("bootstrap node %s: %w", in.Node, err)
 	}
 	return &res, nil

@@ -99,7 +99,7 @@ func NodeRun(ctx workflow.Context, in contract.NodeInput) (*contract.NodeResult,
 			dctx, cancel := workflow.NewDisconnectedContext(ctx)
 			defer cancel()
 			cancelled := contract.RunsToCancel{RunIDs: pending, Reason: "cancelled: the transaction was stopped before this run started"}
-			if err := workflow.ExecuteActivity(stateActivity(dctx), contract.CancelRunsActivity, cancelled).Get(dctx, nil); err != nil {
+			if err := workflow.ExecuteActivity(withSummary(stateActivity(dctx), "cancel %d run(s) on %s", len(pending), in.NodeName), contract.CancelRunsActivity, cancelled).Get(dctx, nil); err != nil {
 				return nil, fmt.Errorf("record cancelled runs of %s: %w", in.NodeName, err)
 			}
 			for _, id := range pending {
@@ -231,7 +231,7 @@ func (n *nodeState) awaitedRemote() []int64 {
 // execute runs one task through the agent jig and records how it ended.
 func (n *nodeState) execute(ctx workflow.Context, r *contract.NodeRun) error {
 	if r.NoOp {
-		if err := workflow.ExecuteActivity(stateActivity(ctx), contract.RecordNoOpActivity, r.ID).Get(ctx, nil); err != nil {
+		if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "%s on %s (nothing to run)", r.Task, n.in.NodeName), contract.RecordNoOpActivity, r.ID).Get(ctx, nil); err != nil {
 			return fmt.Errorf("record no-op %s: %w", r.Task, err)
 		}
 		n.state[r.ID] = contract.RunSucceeded
@@ -305,7 +305,7 @@ func (n *nodeState) execute(ctx workflow.Context, r *contract.NodeRun) error {
 func (n *nodeState) recordFailure(ctx workflow.Context, f contract.RunFailure) error {
 	dctx, cancel := workflow.NewDisconnectedContext(ctx)
 	defer cancel()
-	if err := workflow.ExecuteActivity(stateActivity(dctx), contract.RecordRunFailureActivity, f).Get(dctx, nil); err != nil {
+	if err := workflow.ExecuteActivity(withSummary(stateActivity(dctx), "record the failure of run %d on %s", f.RunID, n.in.NodeName), contract.RecordRunFailureActivity, f).Get(dctx, nil); err != nil {
 		return fmt.Errorf("record failure on %s: %w", n.in.NodeName, err)
 	}
 	return nil

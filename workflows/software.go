@@ -62,7 +62,7 @@ func SoftwareDeployment(ctx workflow.Context, in contract.SoftwareInput) (*contr
 	var p contract.SoftwarePrepared
 	poll := SoftwareRefPollFirst
 	for {
-		if err := workflow.ExecuteActivity(stateActivity(ctx), contract.PrepareSoftwareRoundActivity, round).Get(ctx, &p); err != nil {
+		if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "prepare round %d of software deployment %d", in.Round, in.DeploymentID), contract.PrepareSoftwareRoundActivity, round).Get(ctx, &p); err != nil {
 			return nil, fmt.Errorf("start round %d of software deployment %d: %w", in.Round, in.DeploymentID, err)
 		}
 		switch {
@@ -152,7 +152,7 @@ func removeSoftware(ctx workflow.Context, rm contract.SoftwareRemoval) (*contrac
 }
 
 func finishSoftware(ctx workflow.Context, round contract.SoftwareRound, status, reason string) (*contract.SoftwareResult, error) {
-	if err := workflow.ExecuteActivity(stateActivity(ctx), contract.FinishSoftwareRoundActivity, contract.SoftwareEnd{
+	if err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "record the end of round %d of software deployment %d: %s", round.Round, round.DeploymentID, status), contract.FinishSoftwareRoundActivity, contract.SoftwareEnd{
 		SoftwareRound: round, Status: status, Reason: reason,
 	}).Get(ctx, nil); err != nil {
 		return nil, fmt.Errorf("record the end of round %d of software deployment %d: %w", round.Round, round.DeploymentID, err)

@@ -17,6 +17,12 @@ const (
 	// workflow (version 1) rather than inline (DefaultVersion), so that the
 	// Transaction's history grows with its graphs, not with nodes × graphs.
 	versionGraphChild = "graph-run-child"
+	// versionSearchAttrs sets anneal's search attributes on the GraphRun
+	// and NodeRun children (copied from the transaction's), upserts
+	// AnnealStatus when the transaction ends, and fails the workflow
+	// (ErrTypeTransactionFailed) when the transaction ended in error
+	// (version 1).
+	versionSearchAttrs = "search-attributes"
 )
 
 // Transaction runs a transaction's graphs one after another: each graph is
@@ -26,11 +32,13 @@ const (
 func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.TransactionOutcome, error) {
 	log := workflow.GetLogger(ctx)
 	graphChild := workflow.GetVersion(ctx, versionGraphChild, workflow.DefaultVersion, 1) >= 1
+	withAttrs := workflow.GetVersion(ctx, versionSearchAttrs, workflow.DefaultVersion, 1) >= 1
 	stopped, failReason := false, ""
 	for gi := 0; gi < in.Graphs; gi++ {
 		ref := contract.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi}
 		var gp contract.GraphPlan
-		err := workflow.ExecuteActivity(stateActivity(ctx), contract.PlanGraphActivity, ref).Get(ctx, &gp)
+		err := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "plan graph %d of transaction %s", gi, in.TransactionID),
+			contract.PlanGraphActivity, ref).Get(ctx, &gp)
 		if err != nil {
 			if temporal.IsCanceledError(err) || ctx.Err() != nil {
 				stopped = true
@@ -45,7 +53,7 @@ func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.
 		}
 		var res contract.GraphResult
 		if graphChild {
-			res, err = runGraphChild(ctx, contract.GraphInput{TransactionInput: in, GraphIndex: gi, Plan: gp})
+			res, err = runGraphChild(ctx, contract.GraphInput{TransactionInput: in, GraphIndex: gi, Plan: gp}, withAttrs)
 			if err != nil && ctx.Err() == nil {
 				failReason = fmt.Sprintf("graph %q: its workflow ended abnormally: %s", gp.GraphType, rootMessage(err))
 				break
@@ -74,24 +82,45 @@ func Transaction(ctx workflow.Context, in contract.TransactionInput) (*contract.
 	defer cancel()
 	var out contract.TransactionOutcome
 	finish := contract.FinishInput{TransactionID: in.TransactionID, Stopped: stopped, FailReason: failReason}
-	if err := workflow.ExecuteActivity(stateActivity(dctx), contract.FinishTransactionActivity, finish).Get(dctx, &out); err != nil {
+	if err := workflow.ExecuteActivity(withSummary(stateActivity(dctx), "record the end of transaction %s", in.TransactionID),
+		contract.FinishTransactionActivity, finish).Get(dctx, &out); err != nil {
 		return nil, fmt.Errorf("record end of transaction %s: %w", in.TransactionID, err)
+	}
+	if withAttrs && hasAnnealAttributes(ctx) {
+		// AnnealStatus="error" finds the transactions that failed, even
+		// those whose workflow completed.
+		if err := workflow.UpsertTypedSearchAttributes(dctx, contract.SearchAttrStatus.ValueSet(out.Status)); err != nil {
+			workflow.GetLogger(ctx).Warn("could not set the AnnealStatus search attribute", "error", err)
+		}
 	}
 	if stopped {
 		return &out, temporal.NewCanceledError(out.Error)
+	}
+	if withAttrs && out.Status == contract.OutcomeError {
+		// The end is recorded: the workflow fails too, so that
+		// ExecutionStatus="Failed" finds the transactions that failed.
+		msg := out.Error
+		if msg == "" {
+			msg = "the transaction ended in error"
+		}
+		return &out, temporal.NewNonRetryableApplicationError(msg, contract.ErrTypeTransactionFailed, nil, out)
 	}
 	return &out, nil
 }
 
 // runGraphChild runs one graph as a GraphRun child workflow and waits for
 // it; cancelling the transaction cancels it, and it stops its nodes.
-func runGraphChild(ctx workflow.Context, in contract.GraphInput) (contract.GraphResult, error) {
-	cctx := workflow.WithChildOptions(ctx, workflow.ChildWorkflowOptions{
+func runGraphChild(ctx workflow.Context, in contract.GraphInput, withAttrs bool) (contract.GraphResult, error) {
+	opts := workflow.ChildWorkflowOptions{
 		WorkflowID:          contract.GraphWorkflowID(in.TransactionID, in.GraphIndex),
 		WaitForCancellation: true,
 		StaticSummary: fmt.Sprintf("graph %d (%s) of transaction %s: %d node(s), %d run(s)",
 			in.GraphIndex, in.Plan.GraphType, in.TransactionID, len(in.Plan.Nodes), in.Plan.Runs),
-	})
+	}
+	if withAttrs {
+		opts.TypedSearchAttributes = childSearchAttributes(ctx, in.Plan.GraphType, "")
+	}
+	cctx := workflow.WithChildOptions(ctx, opts)
 	var res contract.GraphResult
 	err := workflow.ExecuteChildWorkflow(cctx, contract.GraphWorkflow, in).Get(ctx, &res)
 	return res, err
@@ -120,6 +149,7 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 	gctx, abort := workflow.WithCancel(ctx)
 	defer abort()
 	failedNodes := 0
+	withAttrs := workflow.GetVersion(ctx, versionSearchAttrs, workflow.DefaultVersion, 1) >= 1
 	var res contract.GraphResult
 	sel := workflow.NewSelector(ctx)
 	inFlight := 0
@@ -132,11 +162,15 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 			break // stopped or aborted: start no more nodes; their runs are cancelled at the end
 		}
 		node := node
-		cctx := workflow.WithChildOptions(gctx, workflow.ChildWorkflowOptions{
+		opts := workflow.ChildWorkflowOptions{
 			WorkflowID:          contract.NodeWorkflowID(in.TransactionID, node.Name),
 			WaitForCancellation: true,
 			StaticSummary:       fmt.Sprintf("%s graph on %s: %d task(s)", gp.GraphType, node.Name, node.Runs),
-		})
+		}
+		if withAttrs {
+			opts.TypedSearchAttributes = childSearchAttributes(ctx, gp.GraphType, node.Name)
+		}
+		cctx := workflow.WithChildOptions(gctx, opts)
 		nin := contract.NodeInput{
 			GraphRef:  contract.GraphRef{TransactionID: in.TransactionID, GraphIndex: gi},
 			GraphType: gp.GraphType, NodeID: node.ID, NodeName: node.Name,
@@ -175,7 +209,8 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 				NodeRef: contract.NodeRef{GraphRef: nin.GraphRef, NodeID: node.ID},
 				Reason:  "node workflow ended abnormally: " + rootMessage(err),
 			}
-			_ = workflow.ExecuteActivity(stateActivity(dctx), contract.AbandonNodeRunsActivity, abandon).Get(dctx, nil)
+			_ = workflow.ExecuteActivity(withSummary(stateActivity(dctx), "fail what the workflow of %s left", node.Name),
+				contract.AbandonNodeRunsActivity, abandon).Get(dctx, nil)
 			res.Failed++
 		})
 	}
@@ -183,6 +218,35 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 		sel.Select(ctx)
 	}
 	return res
+}
+
+// hasAnnealAttributes reports whether the workflow was started with anneal's
+// search attributes (its starter found them registered on the namespace).
+func hasAnnealAttributes(ctx workflow.Context) bool {
+	_, ok := workflow.GetTypedSearchAttributes(ctx).GetKeyword(contract.SearchAttrTransaction)
+	return ok
+}
+
+// childSearchAttributes are a child's search attributes: the transaction
+// and deployment of the running workflow, with the child's graph type and
+// node. None when the running workflow has none: the namespace may not
+// have them registered, and a child refused for that would never start.
+func childSearchAttributes(ctx workflow.Context, graphType, node string) temporal.SearchAttributes {
+	sa := workflow.GetTypedSearchAttributes(ctx)
+	tx, ok := sa.GetKeyword(contract.SearchAttrTransaction)
+	if !ok {
+		return temporal.SearchAttributes{}
+	}
+	dep, _ := sa.GetKeyword(contract.SearchAttrDeployment)
+	return contract.SearchAttributesOf(dep, graphType, node, tx, "")
+}
+
+// withSummary sets the summary of the activities scheduled with ctx, as
+// the Web UI shows them. It is metadata only: replay does not compare it.
+func withSummary(ctx workflow.Context, format string, args ...any) workflow.Context {
+	ao := workflow.GetActivityOptions(ctx)
+	ao.Summary = fmt.Sprintf(format, args...)
+	return workflow.WithActivityOptions(ctx, ao)
 }
 
 // rootMessage is the innermost message of a Temporal error chain, without

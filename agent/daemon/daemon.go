@@ -81,6 +81,9 @@ type Config struct {
 	HeartbeatEvery time.Duration
 	// RunHeartbeatEvery is the run heartbeat period; default 5s.
 	RunHeartbeatEvery time.Duration
+	// LogShipEvery is how often a running run's new log lines are sent to
+	// the API; default 1s.
+	LogShipEvery time.Duration
 	// PollWait is how long the API may hold a work fetch; default 25s.
 	PollWait time.Duration
 	// RetryMin and RetryMax bound the exponential backoff between retries
@@ -200,6 +203,9 @@ func newAgent(cfg Config) (*agent, error) {
 	}
 	if cfg.PollWait <= 0 {
 		cfg.PollWait = 25 * time.Second
+	}
+	if cfg.LogShipEvery <= 0 {
+		cfg.LogShipEvery = time.Second
 	}
 	if cfg.RetryMin <= 0 {
 		cfg.RetryMin = 200 * time.Millisecond
@@ -456,6 +462,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 		return
 	case rec != nil && rec.Phase == PhaseFinished && rec.Result != nil:
 		log.Info("run already executed on this node; reporting its stored result again", "exit_code", rec.Result.ExitCode)
+		a.logShipper(log, item).drain(ctx, a)
 		a.report(ctx, log, item.RunID, *rec.Result)
 		return
 	case rec != nil && rec.Phase == PhaseStarted:
@@ -491,9 +498,22 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 		defer close(hbDone)
 		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, item.Attempt, log)
 	}()
+	// The log goes to the API while the run goes on; the rest is sent
+	// before the result, so a reader following it sees all of it.
+	execDone, shipDone := make(chan struct{}), make(chan struct{})
+	if tail := a.logShipper(log, item); tail != nil {
+		go func() {
+			defer close(shipDone)
+			tail.follow(ctx, a, a.cfg.LogShipEvery, execDone)
+		}()
+	} else {
+		close(shipDone)
+	}
 	res := a.exec.Execute(runCtx, item)
 	cancelRun(errors.New("run finished"))
+	close(execDone)
 	<-hbDone
+	<-shipDone
 	res.Attempt = item.Attempt
 
 	attrs := []any{"exit_code", res.ExitCode, "duration", res.FinishedAt.Sub(res.StartedAt).Round(time.Millisecond)}
@@ -602,6 +622,10 @@ func (a *agent) reportInterrupted(ctx context.Context, rec *RunRecord) {
 	log := a.log.With("run", rec.RunID, "attempt", rec.Attempt, "task", rec.Task, "transaction", rec.TransactionID)
 	log.Warn("the agent stopped while this run was executing; reporting it failed instead of running it again",
 		"started", rec.UpdatedAt, "pid", rec.PID)
+	// What the interrupted run wrote is shipped first, from where the
+	// server's copy ends.
+	a.logShipper(log, protocol.WorkItem{RunID: rec.RunID, Attempt: rec.Attempt, Task: rec.Task,
+		TransactionID: rec.TransactionID, NodeRoleID: rec.NodeRoleID, Type: rec.Type}).drain(ctx, a)
 	now := time.Now().UTC()
 	res := protocol.RunResult{Attempt: rec.Attempt, ExitCode: -1, StartedAt: rec.UpdatedAt, FinishedAt: now,
 		Error: fmt.Sprintf("interrupted: the agent (pid %d) stopped while the run was executing (started %s); "+

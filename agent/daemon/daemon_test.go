@@ -57,6 +57,7 @@ type fakeAPI struct {
 	software         []protocol.SoftwareDeployment
 	softwareVersion  int // bumped at every listing, so the agent sees it again
 	signals          map[int64][]protocol.SoftwareSignal
+	logs             *fakeLogs // the run logs shipped (logship_test.go)
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -75,6 +76,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		acks:           map[int64][]int{},
 		ackStatus:      map[int64]int{},
 		signals:        map[int64][]protocol.SoftwareSignal{},
+		logs:           newFakeLogs(),
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+protocol.PathRegister, f.register)
@@ -83,6 +85,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunHeartbeat, "%d", "{id}", 1), f.runHeartbeat)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunResult, "%d", "{id}", 1), f.result)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunAck, "%d", "{id}", 1), f.ack)
+	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunLog, "%d", "{id}", 1), f.runLog)
 	mux.HandleFunc("GET "+protocol.PathSoftwareDeployments, f.softwareDeployments)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathSoftwareSignal, "%d", "{id}", 1), f.signal)
 	f.srv = httptest.NewServer(mux)

@@ -100,6 +100,7 @@ var (
 	_ WorkSource = (*HTTPTransport)(nil)
 	_ Reporter   = (*HTTPTransport)(nil)
 	_ Acker      = (*HTTPTransport)(nil)
+	_ LogShipper = (*HTTPTransport)(nil)
 )
 
 // Register phones home for the first time, authenticated by an enrollment
@@ -154,6 +155,26 @@ func (t *HTTPTransport) RunHeartbeat(ctx context.Context, runID int64, attempt i
 	return resp.Cancel, err
 }
 
+// ShipLog sends the bytes of a run attempt's log from offset on and
+// returns where the next chunk starts. When the API answers that the chunk
+// starts past what it has (409 with the offset to send from), that offset
+// is returned with no error, so the caller simply sends from there.
+func (t *HTTPTransport) ShipLog(ctx context.Context, runID int64, attempt int, offset int64, data []byte) (protocol.RunLogState, error) {
+	var resp protocol.RunLogState
+	q := url.Values{"attempt": {strconv.Itoa(attempt)}, "offset": {strconv.FormatInt(offset, 10)}}
+	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunLog, runID), q, t.Token, t.timeout(), rawBody(data), &resp)
+	var apiErr *APIError
+	if errors.As(err, &apiErr) && apiErr.Status == http.StatusConflict {
+		if o, ok := apiErr.Details["offset"].(float64); ok && o >= 0 {
+			return protocol.RunLogState{Offset: int64(o)}, nil
+		}
+	}
+	return resp, err
+}
+
+// rawBody is a request body sent as is (application/octet-stream).
+type rawBody []byte
+
 func (t *HTTPTransport) timeout() time.Duration {
 	if t.RequestTimeout > 0 {
 		return t.RequestTimeout
@@ -172,7 +193,10 @@ func (t *HTTPTransport) do(ctx context.Context, method, path string, query url.V
 		u += "?" + query.Encode()
 	}
 	var body io.Reader
-	if in != nil {
+	raw, isRaw := in.(rawBody)
+	if isRaw {
+		body = bytes.NewReader(raw)
+	} else if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return fmt.Errorf("%s %s: encoding request: %w", method, path, err)
@@ -186,7 +210,9 @@ func (t *HTTPTransport) do(ctx context.Context, method, path string, query url.V
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	req.Header.Set("Accept", "application/json")
-	if in != nil {
+	if isRaw {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	} else if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if token != "" {

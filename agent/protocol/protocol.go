@@ -21,7 +21,25 @@ const (
 	PathRunResult    = "/api/v1/agent/runs/%d/result"
 	// PathRunAck acknowledges a run handed out by PathWork (RunAck).
 	PathRunAck = "/api/v1/agent/runs/%d/ack"
+	// PathRunLog takes a chunk of a run's full log: POST with
+	// ?attempt=<n>&offset=<byte offset> and the raw bytes as the body
+	// (application/octet-stream); the answer is a RunLogState.
+	PathRunLog = "/api/v1/agent/runs/%d/log"
 )
+
+// RunLogState is the API's answer to a log chunk: how much of the run
+// attempt's log it has. A chunk starting past Offset is refused with a 409
+// whose error details carry "offset", where to send from.
+type RunLogState struct {
+	// Offset is the number of bytes of the log received: where the next
+	// chunk starts.
+	Offset int64 `json:"offset"`
+	// Stored is how many bytes the server keeps (at most its cap, 8 MiB).
+	Stored int64 `json:"stored"`
+	// Truncated is true once bytes beyond the cap were dropped; the agent
+	// may then skip ahead (a later offset is accepted).
+	Truncated bool `json:"truncated"`
+}
 
 // TypeReboot is the work item type of a reboot task; every other task
 // reaches the agent as "shell".

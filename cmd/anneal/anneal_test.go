@@ -75,6 +75,9 @@ graphs:
     tasks:
       - {id: long, tags: [controller], parameters: {cmd: "sleep 3; echo finished anyway", timeout: 30}}
       - {id: next, tags: [controller], requires: [long], parameters: {cmd: "echo next", timeout: 30}}
+  chatty:
+    tasks:
+      - {id: talk, tags: [controller], parameters: {cmd: "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 0.5; done", timeout: 30}}
 `
 
 func nodeName(short string) string { return short + ".anneal.test" }
@@ -332,7 +335,9 @@ func TestCLI(t *testing.T) {
 		r = cli(t, e, "logs", failedTx, "--task", "fails")
 		require.Equal(t, 0, r.code)
 		assert.Contains(t, r.stdout, "==> fails on "+nodeName("odd"))
-		assert.Contains(t, r.stdout, "about to fail")
+		assert.Contains(t, r.stdout, "err| about to fail\n", "the full log the agent shipped")
+		assert.Contains(t, r.stdout, "# command: echo about to fail >&2; exit 3")
+		assert.NotContains(t, r.stderr, "no full-log endpoint")
 		assert.NotContains(t, r.stdout, "preparing", "--task limits the runs")
 		// Following a transaction that has ended prints its logs and returns.
 		r = cli(t, e, "logs", failedTx, "-f")
@@ -342,12 +347,36 @@ func TestCLI(t *testing.T) {
 		assert.NotContains(t, r.stdout, "after-fails", "a blocked run has no log")
 		logs := decode[[]struct {
 			Task string `json:"task"`
+			Full bool   `json:"full"`
 			Log  string `json:"log"`
 		}](t, cli(t, e, "logs", failedTx, "--node", nodeName("odd"), "-o", "json"))
 		require.Len(t, logs, 2, "prepare and fails ran; after-fails never did")
 		assert.Equal(t, "prepare", logs[0].Task)
-		assert.Contains(t, logs[0].Log, "preparing")
-		assert.Contains(t, logs[1].Log, "about to fail")
+		assert.Contains(t, logs[0].Log, "out| preparing\n")
+		assert.Contains(t, logs[1].Log, "err| about to fail\n")
+		for _, l := range logs {
+			assert.True(t, l.Full, "the whole log, not the tails")
+			assert.Contains(t, l.Log, "# finished ")
+		}
+	})
+
+	t.Run("logs follow a running run", func(t *testing.T) {
+		r := cli(t, e, "graph", "execute", "-d", "d1", "-t", "chatty", "--detach")
+		require.Equal(t, 0, r.code)
+		id := uuidOf(t, r.stdout)
+		require.Eventually(t, func() bool {
+			s := decode[txShowJSON](t, cli(t, e, "tx", "show", id, "-o", "json"))
+			return runStates(s.Runs)["talk@"+nodeName("ctl")] == "running"
+		}, 30*time.Second, 200*time.Millisecond)
+		r = cli(t, e, "logs", id, "-f")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Contains(t, r.stdout, "==> talk on "+nodeName("ctl"))
+		assert.Contains(t, r.stdout, "following", "streamed while it ran")
+		for i := 1; i <= 8; i++ {
+			assert.Contains(t, r.stdout, fmt.Sprintf("out| tick %d\n", i))
+		}
+		assert.Contains(t, r.stdout, "# finished ", "to the end of the log")
+		assert.Equal(t, 1, strings.Count(r.stdout, "out| tick 8\n"), "printed once")
 	})
 
 	t.Run("tx stop and watch", func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/worker/server"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // Environment variables set by `go run ./dev test`.
@@ -133,15 +135,29 @@ func Store(t testing.TB) (*models.Store, string) {
 	return &models.Store{DB: db, Domain: server.DefaultDomain}, dbURL
 }
 
-// TemporalClient dials the test Temporal server.
+// TemporalClient dials the test Temporal server. The first call of the
+// process makes sure anneal's search attributes are registered on its
+// namespace (`dev test` registers them on the server it starts; a server
+// given by ANNEAL_TEST_TEMPORAL_ADDRESS may not have them).
 func TemporalClient(t testing.TB) client.Client {
 	t.Helper()
 	addr := need(t, EnvTemporal)
 	c, err := client.Dial(client.Options{HostPort: addr, Logger: quietLogger{}})
 	require.NoError(t, err, "dial Temporal at %s", addr)
 	t.Cleanup(c.Close)
+	registerOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, registerErr = devenv.RegisterSearchAttributes(ctx, c, "default", contract.SearchAttributes())
+	})
+	require.NoError(t, registerErr, "register anneal's search attributes on the test Temporal server")
 	return c
 }
+
+var (
+	registerOnce sync.Once
+	registerErr  error
+)
 
 // Options tune a Stack.
 type Options struct {

@@ -38,8 +38,10 @@ const (
 type Config struct {
 	DatabaseURL     string
 	TemporalAddress string
-	Namespace       string
-	TaskQueue       string
+	// TemporalTLS is how to reach an external cluster (TLS, mTLS, API key).
+	TemporalTLS TemporalTLS
+	Namespace   string
+	TaskQueue   string
 	// APIAddr, when set, also serves the REST API there.
 	APIAddr string
 	// Domain is the admin DNS domain node names must lie in.
@@ -108,9 +110,18 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := fuel.EnsureBuiltinGraphs(ctx, fuel.New(store), scenarios.BuiltinGraphs()...); err != nil {
 		return err
 	}
-	tc, err := client.DialContext(ctx, client.Options{
+	copts := client.Options{
 		HostPort: cfg.TemporalAddress, Namespace: cfg.Namespace, Logger: log.NewStructuredLogger(cfg.Log),
-	})
+	}
+	tlsCfg, err := cfg.TemporalTLS.config()
+	if err != nil {
+		return err
+	}
+	copts.ConnectionOptions.TLS = tlsCfg
+	if cfg.TemporalTLS.APIKey != "" {
+		copts.Credentials = client.NewAPIKeyStaticCredentials(cfg.TemporalTLS.APIKey)
+	}
+	tc, err := client.DialContext(ctx, copts)
 	if err != nil {
 		return fmt.Errorf("dial Temporal at %s: %w", cfg.TemporalAddress, err)
 	}

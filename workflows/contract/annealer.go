@@ -142,7 +142,8 @@ func KickAnnealer(ctx context.Context, tc client.Client, taskQueue, reason strin
 		taskQueue = DefaultTaskQueue
 	}
 	_, err := tc.SignalWithStartWorkflow(ctx, AnnealerWorkflowID(taskQueue), SignalAnnealerKick, reason,
-		client.StartWorkflowOptions{ID: AnnealerWorkflowID(taskQueue), TaskQueue: taskQueue},
+		client.StartWorkflowOptions{ID: AnnealerWorkflowID(taskQueue), TaskQueue: taskQueue,
+			StaticSummary: "the annealer: starts each bound noderole once its parents are active, one at a time per node"},
 		AnnealerWorkflow, AnnealerInput{})
 	if err != nil {
 		return fmt.Errorf("wake the annealer (%s): %w", reason, err)
@@ -156,12 +157,13 @@ func KickAnnealer(ctx context.Context, tc client.Client, taskQueue, reason strin
 // was started by an attempt that rolled back, is stale (it would find the
 // noderole todo and skip), and gives way.
 func StartNodeRoleRun(ctx context.Context, tc client.Client, taskQueue string, in NodeRoleRunInput) error {
-	_, err := tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+	err := executeWorkflow(ctx, tc, client.StartWorkflowOptions{
 		ID:                       NodeRoleWorkflowID(taskQueue, in.NodeRoleID, in.Run),
 		TaskQueue:                taskQueue,
 		WorkflowIDReusePolicy:    enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
 		WorkflowIDConflictPolicy: enums.WORKFLOW_ID_CONFLICT_POLICY_TERMINATE_EXISTING,
 		StaticSummary:            fmt.Sprintf("%s on %s (run %d)", in.Role, in.Node, in.Run),
+		TypedSearchAttributes:    SearchAttributesOf("", "", in.Node, "", ""),
 	}, NodeRoleWorkflow, in)
 	if err != nil {
 		return fmt.Errorf("start the run workflow: %w", err)
@@ -172,10 +174,11 @@ func StartNodeRoleRun(ctx context.Context, tc client.Client, taskQueue string, i
 // StartNodeBootstrap starts a new node's bootstrap workflow. A node deleted
 // and created again under its name starts anew (its id differs).
 func StartNodeBootstrap(ctx context.Context, tc client.Client, taskQueue string, in NodeBootstrapInput) error {
-	_, err := tc.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+	return executeWorkflow(ctx, tc, client.StartWorkflowOptions{
 		ID: NodeBootstrapWorkflowID(taskQueue, in.Node, in.NodeID), TaskQueue: taskQueue,
 		WorkflowIDReusePolicy: enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
 		StaticSummary:         "default roles for " + in.Node,
+		// A new node's default roles live in the system deployment.
+		TypedSearchAttributes: SearchAttributesOf("system", "", in.Node, "", ""),
 	}, NodeBootstrapWorkflow, in)
-	return err
 }

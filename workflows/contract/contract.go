@@ -46,6 +46,11 @@ const (
 	// ErrTypeNotDispatchable means a run is in a state that cannot be sent
 	// to its node (it already ended otherwise).
 	ErrTypeNotDispatchable = "NotDispatchable"
+	// ErrTypeTransactionFailed is how a Transaction workflow fails when its
+	// transaction ended in error (its end is recorded first), so that
+	// `ExecutionStatus="Failed"` finds the transactions that failed. Its
+	// details carry the TransactionOutcome.
+	ErrTypeTransactionFailed = "TransactionFailed"
 )
 
 // DefaultHeartbeatTimeout is how long a run may go without a heartbeat from

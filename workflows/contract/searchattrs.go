@@ -1,7 +1,13 @@
 package contract
 
 import (
+	"context"
+	"errors"
+	"strings"
+
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 )
 
@@ -44,4 +50,40 @@ func SearchAttributes() map[string]enumspb.IndexedValueType {
 		out[k.GetName()] = k.GetValueType()
 	}
 	return out
+}
+
+// executeWorkflow starts a workflow with opts; when the namespace refuses
+// its search attributes because they were never registered there, it starts
+// it again without them, so that an installation that has not registered
+// them (`go run ./dev search-attributes`) still runs, only unfilterable.
+func executeWorkflow(ctx context.Context, tc client.Client, opts client.StartWorkflowOptions, workflow string, args ...any) error {
+	_, err := tc.ExecuteWorkflow(ctx, opts, workflow, args...)
+	if err != nil && opts.TypedSearchAttributes.Size() > 0 && SearchAttributesMissing(err) {
+		opts.TypedSearchAttributes = temporal.SearchAttributes{}
+		_, err = tc.ExecuteWorkflow(ctx, opts, workflow, args...)
+	}
+	return err
+}
+
+// SearchAttributesMissing reports whether err is Temporal refusing a start
+// because a search attribute is not registered on the namespace.
+func SearchAttributesMissing(err error) bool {
+	var invalid *serviceerror.InvalidArgument
+	return errors.As(err, &invalid) && strings.Contains(strings.ToLower(invalid.Error()), "search attribute")
+}
+
+// SearchAttributesOf builds the search attributes of a workflow from the
+// values given, skipping empty ones.
+func SearchAttributesOf(deployment, graphType, node, transaction, status string) temporal.SearchAttributes {
+	var updates []temporal.SearchAttributeUpdate
+	for _, kv := range []struct {
+		key temporal.SearchAttributeKeyKeyword
+		v   string
+	}{{SearchAttrDeployment, deployment}, {SearchAttrGraphType, graphType}, {SearchAttrNode, node},
+		{SearchAttrTransaction, transaction}, {SearchAttrStatus, status}} {
+		if kv.v != "" {
+			updates = append(updates, kv.key.ValueSet(kv.v))
+		}
+	}
+	return temporal.NewSearchAttributes(updates...)
 }

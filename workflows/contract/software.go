@@ -106,8 +106,7 @@ type SoftwareSignalSummary struct {
 // SoftwareWorkflowID (set in opts.ID by the caller along with its memo and
 // summary).
 func StartSoftwareRound(ctx context.Context, tc client.Client, opts client.StartWorkflowOptions, in SoftwareInput) error {
-	_, err := tc.ExecuteWorkflow(ctx, opts, SoftwareDeploymentWorkflow, in)
-	return err
+	return executeWorkflow(ctx, tc, opts, SoftwareDeploymentWorkflow, in)
 }
 
 // SignalSoftwareDeployment hands the agent's signal to the deployment's

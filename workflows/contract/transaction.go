@@ -269,8 +269,7 @@ type RebootWait struct {
 // to it, if a run with that ID is still open.
 func StartTransaction(ctx context.Context, tc client.Client, opts client.StartWorkflowOptions, in TransactionInput) error {
 	opts.WorkflowExecutionErrorWhenAlreadyStarted = true
-	_, err := tc.ExecuteWorkflow(ctx, opts, TransactionWorkflow, in)
-	return err
+	return executeWorkflow(ctx, tc, opts, TransactionWorkflow, in)
 }
 
 // ActivityCompleter completes an activity by its task token: a Temporal
