@@ -76,7 +76,11 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	}
 	apiAddr := fmt.Sprintf("127.0.0.1:%d", port)
 	apiURL := "http://" + apiAddr
-	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, "", apiAddr, env["ANNEAL_TOKEN"], filepath.Join(dir, "worker.log"))
+	keyFile, err := ensureSecretKey(state)
+	if err != nil {
+		return err
+	}
+	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, "", apiAddr, env["ANNEAL_TOKEN"], keyFile, filepath.Join(dir, "worker.log"))
 	if err != nil {
 		return err
 	}

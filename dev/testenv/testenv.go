@@ -31,6 +31,7 @@ import (
 	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/roles/network"
 	"github.com/anneal-dev/anneal/scenarios"
+	"github.com/anneal-dev/anneal/secrets"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/worker/server"
 )
@@ -100,14 +101,28 @@ func Store(t testing.TB) (*models.Store, string) {
 			sqlDB.Close()
 		}
 	})
-	return &models.Store{DB: db, Domain: server.DefaultDomain}, dbURL
+	return &models.Store{DB: db, Domain: server.DefaultDomain, Keys: Keys()}, dbURL
 }
+
+// testKeys is the secret key of every test stack and client of a test
+// binary: stores seal secrets with it, and Temporal payloads are
+// encrypted with it as in production.
+var testKeys = func() *secrets.Keyring {
+	k, err := secrets.ParseKeys(secrets.GenerateKey())
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+// Keys returns the test binary's secret keys.
+func Keys() *secrets.Keyring { return testKeys }
 
 // TemporalClient dials the test Temporal server.
 func TemporalClient(t testing.TB) client.Client {
 	t.Helper()
 	addr := need(t, EnvTemporal)
-	c, err := client.Dial(client.Options{HostPort: addr, Logger: quietLogger{}})
+	c, err := client.Dial(server.ClientOptions(addr, "", Keys(), quietLogger{}))
 	require.NoError(t, err, "dial Temporal at %s", addr)
 	t.Cleanup(c.Close)
 	return c
