@@ -135,6 +135,9 @@ type Options struct {
 	HeartbeatTimeoutSec int
 	// TemporalUI, when set, is handed to the API for its workflow links.
 	TemporalUI string
+	// LogSink, when set, also receives every log line of the stack (API,
+	// worker, activities) and of the agents StartAgent starts.
+	LogSink io.Writer
 }
 
 // Stack is a running anneal: its own database, a worker on its own task
@@ -163,6 +166,11 @@ func NewStack(t testing.TB, opts Options) *Stack {
 		opts.HeartbeatTimeoutSec = 3
 	}
 	log := Logger(t)
+	if opts.LogSink != nil {
+		w := &testWriter{t: t}
+		t.Cleanup(func() { w.done.Store(true) })
+		log = slog.New(slog.NewTextHandler(io.MultiWriter(w, opts.LogSink), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	store, dbURL := Store(t)
 	tc := TemporalClient(t)
 	// The sample roles' hooks, as the server registers them.
@@ -305,7 +313,7 @@ func (s *Stack) StartAgent(t testing.TB, name string, tune ...func(*daemon.Confi
 	cfg := daemon.Config{
 		APIURL: s.URL, Name: name, EnrollToken: s.EnrollToken, WorkDir: a.WorkDir, Address: a.Address, Listen: a.Address,
 		HeartbeatEvery: time.Second, RunHeartbeatEvery: time.Second, PollWait: 5 * time.Second,
-		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(t).With("agent", name),
+		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: s.log.With("agent", name),
 	}
 	for _, f := range tune {
 		f(&cfg)
