@@ -1,12 +1,16 @@
 package web
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
+	commonpb "go.temporal.io/api/common/v1"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/secrets/codec"
@@ -88,15 +92,33 @@ func (s *Server) deleteSecret(c echo.Context) error {
 }
 
 // codec serves POST /codec/encode and /codec/decode: the Temporal codec
-// server protocol over the server's keys.
+// server protocol (protobuf JSON Payloads in and out) over the server's
+// keys. Errors use the API's envelope.
 func (s *Server) codec(c echo.Context) error {
 	if s.cfg.Store.Keys == nil {
 		return apiError(http.StatusServiceUnavailable, "no_secret_key", models.ErrNoSecretKey.Error())
 	}
-	req := c.Request()
-	if !strings.HasPrefix(req.Header.Get(echo.HeaderContentType), echo.MIMEApplicationJSON) && req.Header.Get(echo.HeaderContentType) != "" {
-		return apiError(http.StatusUnsupportedMediaType, "unsupported_media_type", "the codec takes application/json (Temporal Payloads)")
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		return apiError(http.StatusBadRequest, "bad_request", "cannot read the body: "+err.Error())
 	}
-	codec.Handler(s.cfg.Store.Keys).ServeHTTP(c.Response(), req)
-	return nil
+	var in commonpb.Payloads
+	if err := protojson.Unmarshal(body, &in); err != nil {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "payloads", Reason: "not Temporal payloads in protobuf JSON: " + err.Error()}
+	}
+	cd := &codec.Codec{Keys: s.cfg.Store.Keys}
+	var out []*commonpb.Payload
+	if strings.HasSuffix(c.Path(), "/encode") {
+		out, err = cd.Encode(in.Payloads)
+	} else {
+		out, err = cd.Decode(in.Payloads)
+	}
+	if err != nil {
+		return &models.InputError{Status: http.StatusBadRequest, Field: "payloads", Reason: err.Error()}
+	}
+	raw, err := protojson.Marshal(&commonpb.Payloads{Payloads: out})
+	if err != nil {
+		return fmt.Errorf("encode payloads: %w", err)
+	}
+	return c.JSONBlob(http.StatusOK, raw)
 }

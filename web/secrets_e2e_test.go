@@ -277,3 +277,44 @@ func assertNoLeak(t *testing.T, value, where, text string) {
 		t.Errorf("the secret's value leaked into %s: …%s…", where, text[max(0, i-120):i])
 	}
 }
+
+// The codec server decodes what the stack encrypted for an operator token,
+// refuses a viewer, and answers the Web UI's CORS preflight.
+func TestCodecServer(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{TemporalUI: "http://127.0.0.1:8233"})
+	p, err := codec.DataConverter(testenv.Keys()).ToPayload(map[string]string{"hello": "operator"})
+	require.NoError(t, err)
+	body, err := protojson.Marshal(&commonpb.Payloads{Payloads: []*commonpb.Payload{p}})
+	require.NoError(t, err)
+	var tok struct {
+		Token string `json:"token"`
+	}
+	for _, scope := range []string{"operator", "viewer"} {
+		status, raw := st.Do(t, http.MethodPost, "/api/v1/tokens", map[string]string{"name": "codec-" + scope, "scope": scope}, &tok)
+		require.Equal(t, http.StatusCreated, status, "%s", raw)
+		status, raw = testenv.Call(t, http.MethodPost, st.URL+"/api/v1/codec/decode", tok.Token, body, nil)
+		if scope == "viewer" {
+			assert.Equal(t, http.StatusForbidden, status, "%s", raw)
+			continue
+		}
+		require.Equal(t, http.StatusOK, status, "%s", raw)
+		var out commonpb.Payloads
+		require.NoError(t, protojson.Unmarshal(raw, &out))
+		require.Len(t, out.Payloads, 1)
+		assert.JSONEq(t, `{"hello":"operator"}`, string(out.Payloads[0].Data))
+	}
+	status, raw := st.Do(t, http.MethodPost, "/api/v1/codec/decode", "not payloads", nil)
+	assert.Equal(t, http.StatusBadRequest, status, "%s", raw)
+	assert.Contains(t, string(raw), "payloads")
+
+	req, err := http.NewRequest(http.MethodOptions, st.URL+"/api/v1/codec/decode", nil)
+	require.NoError(t, err)
+	req.Header.Set("Origin", "http://127.0.0.1:8233")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	req.Header.Set("Access-Control-Request-Headers", "authorization,content-type,x-namespace")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNoContent, resp.StatusCode)
+	assert.Equal(t, "http://127.0.0.1:8233", resp.Header.Get("Access-Control-Allow-Origin"))
+}
