@@ -27,6 +27,24 @@ type LocalRuns interface {
 	StartLocalRun(ctx context.Context, runID int64) (*models.TaskRun, *models.Node, error)
 	RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*models.RecordedResult, error)
 	MoveToBootstrap(ctx context.Context, nodeID int64) error
+	// NodeSecrets decrypts the named secrets of the node's deployment.
+	NodeSecrets(ctx context.Context, nodeID int64, names []string) (map[string]string, error)
+}
+
+// masterShellEnv names the variables of the worker's environment a
+// master_shell command inherits; everything else (DATABASE_URL, tokens,
+// the secret key) stays out.
+var masterShellEnv = []string{"PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"}
+
+// cleanEnviron is the base environment of master_shell commands.
+func cleanEnviron() []string {
+	env := []string{}
+	for _, k := range masterShellEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
 }
 
 // RunOnOrchestrator runs a task in the worker rather than on its node (the
@@ -112,10 +130,27 @@ func (a *Activities) masterShell(ctx context.Context, run *models.TaskRun, node 
 		"ANNEAL_NODE_TAGS":    strings.Join(node.Tags, ","),
 		"ANNEAL_NODE_ROLES":   strings.Join(node.Roles, ","),
 	}
-	exec := &daemon.ShellExecutor{WorkDir: dir, NodeName: node.Name, Logger: a.Log}
+	// A clean environment: the worker's own (database URL, tokens, secret
+	// key) is none of the command's business.
+	exec := &daemon.ShellExecutor{WorkDir: dir, NodeName: node.Name, Logger: a.Log, BaseEnv: cleanEnviron()}
 	item := protocol.WorkItem{
 		RunID: run.ID, Attempt: run.Attempt, TransactionID: run.TransactionID.String(), Graph: run.GraphType,
 		Task: run.TaskName, Type: "shell", Command: run.Spec.Cmd, TimeoutSec: run.Spec.TimeoutSec, Env: env,
+	}
+	if len(run.Spec.Secrets) > 0 {
+		names := make([]string, 0, len(run.Spec.Secrets))
+		for _, n := range run.Spec.Secrets {
+			names = append(names, n)
+		}
+		vals, err := a.LocalRuns.NodeSecrets(ctx, node.ID, names)
+		if err != nil {
+			return protocol.RunResult{Attempt: run.Attempt, ExitCode: -1, StartedAt: time.Now(), FinishedAt: time.Now(),
+				Error: "its secrets could not be resolved: " + err.Error()}, nil
+		}
+		for k, n := range run.Spec.Secrets {
+			env[k] = vals[n]
+			item.Redact = append(item.Redact, vals[n])
+		}
 	}
 	if run.AttrsIn != nil || run.NodeRoleID != nil {
 		// A noderole run of the local jig, or a graph task with its node's

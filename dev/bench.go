@@ -83,6 +83,10 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	}
 	apiAddr := fmt.Sprintf("127.0.0.1:%d", port)
 	apiURL := "http://" + apiAddr
+	keyFile, err := ensureSecretKey(state)
+	if err != nil {
+		return err
+	}
 	var prof *profiler
 	var extra []string
 	if *pprofDir != "" {
@@ -97,7 +101,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		extra = []string{"-pprof", pprofAddr}
 		prof = &profiler{dir: *pprofDir, workerURL: "http://" + pprofAddr}
 	}
-	srv, err := startBenchWorker(ctx, bin, dbURL, tmp.Address, apiAddr, env["ANNEAL_TOKEN"], filepath.Join(dir, "worker.log"), extra)
+	srv, err := startBenchWorker(ctx, bin, dbURL, tmp.Address, apiAddr, env["ANNEAL_TOKEN"], filepath.Join(dir, "worker.log"), append(extra, "-secret-key-file", keyFile))
 	if err != nil {
 		return err
 	}

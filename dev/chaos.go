@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/anneal-dev/anneal/models/secrets"
 	"log/slog"
 	"net/http"
 	"os"
@@ -131,10 +132,12 @@ type chaosHarness struct {
 	tmp                     *devenv.Temporal
 	api                     *apiClient
 	enrollToken, adminToken string
-	names                   []string
-	agents                  map[string]*devenv.Proc
-	combined, apiP, workP   *devenv.Proc // the server processes of the current topology
-	workP2                  *devenv.Proc // a second worker-only process (two-workers)
+	// secretKey is the servers' secret key (ANNEAL_SECRET_KEY), one per harness.
+	secretKey             string
+	names                 []string
+	agents                map[string]*devenv.Proc
+	combined, apiP, workP *devenv.Proc // the server processes of the current topology
+	workP2                *devenv.Proc // a second worker-only process (two-workers)
 }
 
 func newChaosHarness(ctx context.Context, root, state string, cfg chaosConfig, log *slog.Logger) (*chaosHarness, error) {
@@ -191,6 +194,7 @@ func newChaosHarness(ctx context.Context, root, state string, cfg chaosConfig, l
 	// the server takes it as its bootstrap token (serverArgs).
 	env := loadOrCreateEnv(h.dir)
 	h.adminToken = env["ANNEAL_TOKEN"]
+	h.secretKey = secrets.GenerateKey()
 	apiPort, err := devenv.FreePort()
 	if err != nil {
 		return h, err
@@ -282,7 +286,7 @@ func (h *chaosHarness) serverArgs(extra ...string) *exec.Cmd {
 	args := append([]string{"-database-url", h.dbURL, "-temporal", h.tmp.Address,
 		"-heartbeat-timeout", strconv.Itoa(h.cfg.heartbeatSec)}, extra...)
 	cmd := exec.Command(filepath.Join(h.bin, "worker"), args...)
-	cmd.Env = append(os.Environ(), "ANNEAL_BOOTSTRAP_TOKEN="+h.adminToken)
+	cmd.Env = append(os.Environ(), "ANNEAL_BOOTSTRAP_TOKEN="+h.adminToken, secrets.EnvKey+"="+h.secretKey)
 	return cmd
 }
 

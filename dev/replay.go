@@ -28,7 +28,7 @@ func replayCmd(ctx context.Context, state string, args []string, log *slog.Logge
 	}
 	defer c.Close()
 	res, err := replay.Run(ctx, replay.Options{
-		Client: c, Namespace: conn.namespace, TaskQueue: conn.taskQueue, Since: *since, Log: log,
+		Client: c, Namespace: conn.namespace, TaskQueue: conn.taskQueue, Since: *since, Log: log, Keys: conn.keys,
 	})
 	if err != nil {
 		return err

@@ -17,6 +17,8 @@ import (
 	sdklog "go.temporal.io/sdk/log"
 
 	"github.com/anneal-dev/anneal/dev/devenv"
+	"github.com/anneal-dev/anneal/models/secrets"
+	"github.com/anneal-dev/anneal/workflows/codec"
 )
 
 // temporalConn holds the flags that say which Temporal namespace a command
@@ -27,6 +29,10 @@ type temporalConn struct {
 	tls                           bool
 	tlsCert, tlsKey, tlsCA        string
 	tlsServerName                 string
+	// secretKeyFile holds the installation's secret keys, which decode its
+	// encrypted payloads.
+	secretKeyFile string
+	keys          *secrets.Keyring
 }
 
 // addFlags declares the connection flags on fs. The address defaults to
@@ -44,13 +50,35 @@ func (t *temporalConn) addFlags(fs *flag.FlagSet, state string, withQueue bool) 
 	fs.StringVar(&t.tlsKey, "tls-key", "", "client key for mTLS (PEM)")
 	fs.StringVar(&t.tlsCA, "tls-ca", "", "CA certificate to verify the server with (PEM; default: the system's)")
 	fs.StringVar(&t.tlsServerName, "tls-server-name", "", "server name to verify (default: the address's host)")
+	fs.StringVar(&t.secretKeyFile, "secret-key-file", defaultSecretKeyFile(state), "the installation's secret keys, to read its encrypted payloads (default $ANNEAL_SECRET_KEY, else .dev/secret.key)")
+}
+
+// defaultSecretKeyFile is .dev/secret.key when `dev up` wrote one and
+// ANNEAL_SECRET_KEY is not set.
+func defaultSecretKeyFile(state string) string {
+	if os.Getenv(secrets.EnvKey) != "" {
+		return ""
+	}
+	p := filepath.Join(state, devSecretKeyFile)
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	return ""
 }
 
 // dial connects to the namespace.
 func (t *temporalConn) dial(ctx context.Context) (client.Client, error) {
+	if t.secretKeyFile != "" || os.Getenv(secrets.EnvKey) != "" {
+		keys, err := secrets.Load(t.secretKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		t.keys = keys
+	}
 	opts := client.Options{
 		HostPort: t.address, Namespace: t.namespace,
-		Logger: sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler)),
+		Logger:        sdklog.NewStructuredLogger(slog.New(slog.DiscardHandler)),
+		DataConverter: codec.DataConverter(t.keys), FailureConverter: codec.FailureConverter(t.keys),
 	}
 	if t.tls || t.apiKey != "" || t.tlsCert != "" || t.tlsCA != "" {
 		cfg := &tls.Config{ServerName: t.tlsServerName, MinVersion: tls.VersionTLS12}

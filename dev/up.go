@@ -51,7 +51,16 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	if err != nil {
 		return err
 	}
-	tmp, err := devenv.EnsureTemporal(ctx, devenv.DefaultTemporalOptions(state), log)
+	keyFile, err := ensureSecretKey(state)
+	if err != nil {
+		return err
+	}
+	// The Web UI reads the (encrypted) payloads through the codec proxy
+	// this process serves (serveCodecProxy).
+	codecAddr := fmt.Sprintf("127.0.0.1:%d", DefaultCodecProxyPort)
+	topts := devenv.DefaultTemporalOptions(state)
+	topts.ExtraArgs = append(topts.ExtraArgs, "--ui-codec-endpoint", "http://"+codecAddr)
+	tmp, err := devenv.EnsureTemporal(ctx, topts, log)
 	if err != nil {
 		return err
 	}
@@ -66,11 +75,14 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 
 	// The admin token reaches the database as an install's first one
 	// does: the server takes it as its bootstrap token.
-	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, tmp.UIURL, *apiAddr, env["ANNEAL_TOKEN"], filepath.Join(state, "logs", "worker.log"))
+	srv, err := startWorker(ctx, bin, dbURL, tmp.Address, tmp.UIURL, *apiAddr, env["ANNEAL_TOKEN"], keyFile, filepath.Join(state, "logs", "worker.log"))
 	if err != nil {
 		return err
 	}
 	defer srv.Stop(10 * time.Second)
+	if err := serveCodecProxy(ctx, codecAddr, apiURL, env["ANNEAL_TOKEN"], strings.TrimRight(tmp.UIURL, "/")); err != nil {
+		log.Warn("the Web UI will show encrypted payloads", "error", err)
+	}
 	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
 	if err := ensureEnrollToken(ctx, api, env); err != nil {
 		return err
@@ -118,7 +130,7 @@ anneal is up.
   Dashboard    %s/   (sign in with the API token below)
   API          %s   (token in .dev/env: source .dev/env)
   API token    %s
-  Temporal UI  %s
+  Temporal UI  %s   (payloads are encrypted; the UI decodes them through the codec proxy at http://%s)
   Temporal     %s
   Postgres     %s (%s)
   Nodes        %s  (deployment %q)
@@ -127,7 +139,7 @@ anneal is up.
 Try:  source .dev/env && curl -s -H "Authorization: Bearer $ANNEAL_TOKEN" \
         -d '{"deployment":"sample","graphs":[{"type":"deployment"}]}' $ANNEAL_URL/api/v1/graphs/execute
 Ctrl-C stops everything.
-`, apiURL, apiURL, env["ANNEAL_TOKEN"], tmp.UIURL, tmp.Address, dbURL, pg.Source, strings.Join(names, ", "), devDeployment,
+`, apiURL, apiURL, env["ANNEAL_TOKEN"], tmp.UIURL, codecAddr, tmp.Address, dbURL, pg.Source, strings.Join(names, ", "), devDeployment,
 		filepath.Join(state, "logs"))
 	select {
 	case <-ctx.Done():
@@ -208,9 +220,9 @@ func seed(ctx context.Context, api *apiClient) error {
 
 // startWorker starts the worker binary with the API on apiAddr and waits
 // until the API answers.
-func startWorker(ctx context.Context, bin, dbURL, temporalAddr, temporalUI, apiAddr, bootstrapToken, logFile string) (*devenv.Proc, error) {
+func startWorker(ctx context.Context, bin, dbURL, temporalAddr, temporalUI, apiAddr, bootstrapToken, keyFile, logFile string) (*devenv.Proc, error) {
 	cmd := exec.Command(filepath.Join(bin, "worker"),
-		"-database-url", dbURL, "-temporal", temporalAddr, "-temporal-ui", temporalUI, "-api", apiAddr)
+		"-database-url", dbURL, "-temporal", temporalAddr, "-temporal-ui", temporalUI, "-api", apiAddr, "-secret-key-file", keyFile)
 	cmd.Env = append(os.Environ(), "ANNEAL_BOOTSTRAP_TOKEN="+bootstrapToken)
 	srv, err := devenv.StartProc("worker", cmd, logFile)
 	if err != nil {

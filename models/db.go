@@ -19,6 +19,8 @@ import (
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	"github.com/anneal-dev/anneal/models/secrets"
 )
 
 //go:embed migrations/*.sql
@@ -30,6 +32,10 @@ type Store struct {
 	DB *gorm.DB
 	// Domain is the admin DNS domain every node name must lie in.
 	Domain string
+	// Keys seal and open the deployments' secrets (nil: secrets can be
+	// neither set nor read, and a result from a node whose deployment has
+	// secrets is refused, since it could not be redacted).
+	Keys *secrets.Keyring
 }
 
 // Open connects to Postgres at url. It does not migrate.

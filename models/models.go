@@ -124,6 +124,9 @@ type RunSpec struct {
 	Cmd        string `json:"cmd,omitempty"`
 	TimeoutSec int    `json:"timeout_sec"`
 	Retries    int    `json:"retries"`
+	// Secrets maps environment variables of the run to the names of the
+	// deployment secrets they hold (never the values).
+	Secrets map[string]string `json:"secrets,omitempty"`
 }
 
 // TaskRun is one (graph, node, task) of a transaction, or one run of a

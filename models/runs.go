@@ -286,14 +286,21 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 	if finished.IsZero() {
 		finished = Now()
 	}
+	db := s.DB.WithContext(ctx)
+	// The agent redacts the secrets it was sent; the server redacts every
+	// secret of the node's deployment again, whatever the agent did.
+	red, err := s.NodeRedactor(db, nodeID)
+	if err != nil {
+		return nil, err
+	}
 	// Postgres text cannot hold NUL bytes, which command output may.
 	outputs := make(map[string]string, len(res.Outputs))
 	for k, v := range res.Outputs {
-		outputs[StripNUL(k)] = StripNUL(v)
+		outputs[red.String(StripNUL(k))] = red.String(StripNUL(v))
 	}
 	run := TaskRun{
-		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: StripNUL(res.Error),
-		StdoutTail: StripNUL(res.StdoutTail), StderrTail: StripNUL(res.StderrTail), FinishedAt: &finished, UpdatedAt: Now(),
+		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: red.String(StripNUL(res.Error)),
+		StdoutTail: red.String(StripNUL(res.StdoutTail)), StderrTail: red.String(StripNUL(res.StderrTail)), FinishedAt: &finished, UpdatedAt: Now(),
 	}
 	cols := []string{"state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at"}
 	if res.Attrs != nil {
@@ -301,10 +308,9 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		if err := json.Unmarshal(res.Attrs, &back); err != nil || back == nil {
 			return nil, Invalid("attrs", "must be a JSON object")
 		}
-		run.AttrsOut = stripNULMap(back)
+		run.AttrsOut, _ = red.Value(stripNULMap(back)).(map[string]any)
 		cols = append(cols, "attrs_out")
 	}
-	db := s.DB.WithContext(ctx)
 	upd := db.Model(&run).Clauses(clause.Returning{}).
 		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, contract.RunRunning).
 		Select(cols).
@@ -316,7 +322,7 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		return &RecordedResult{Run: &run, Changed: true}, nil
 	}
 	var cur TaskRun
-	err := db.Take(&cur, runID).Error
+	err = db.Take(&cur, runID).Error
 	switch {
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		return nil, NotFound("run", runID)
@@ -445,11 +451,14 @@ type RunOutputs struct {
 	Outputs  map[string]string `json:"outputs"`
 }
 
-// RunContext is what a run sees besides its command: the outputs of its
-// transaction's succeeded runs so far (in the order they finished; a run
-// skipped by LCM carries the outputs of the run it stands for) and
-// the addresses of its node's peers (the other alive nodes of its
-// deployment, in name order).
+// RunContext is what a run sees besides its command: the outputs of the
+// succeeded runs of its transaction it depends on (a run skipped by LCM
+// carrying the outputs of the run it stands for) — its ancestors through
+// the plan's edges, the runs of earlier graphs and the earlier runs of its
+// own node — in the order they finished, and the addresses of its node's
+// peers (the other alive nodes of its deployment, in name order). Outputs
+// of runs it does not depend on are not its business, and stay off its
+// node.
 type RunContext struct {
 	Outputs []RunOutputs
 	Peers   []string
@@ -463,14 +472,21 @@ func (s *Store) RunContext(ctx context.Context, run *TaskRun) (*RunContext, erro
 		Peers   string
 	}
 	err := s.DB.WithContext(ctx).Raw(`
+WITH RECURSIVE ancestors(id) AS (
+  SELECT parent_id FROM run_edges WHERE child_id = ?
+  UNION
+  SELECT e.parent_id FROM run_edges e JOIN ancestors a ON e.child_id = a.id
+)
 SELECT
   (SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
                             ORDER BY finished_at, id), '[]')
-   FROM task_runs WHERE transaction_id = ? AND state IN ? AND outputs <> '{}'::jsonb) AS outputs,
+   FROM task_runs WHERE transaction_id = ? AND state IN ? AND outputs <> '{}'::jsonb
+     AND (id IN (SELECT id FROM ancestors) OR graph_index < ? OR (node_id = ? AND graph_index = ? AND position < ?))) AS outputs,
   (SELECT coalesce(json_agg(address ORDER BY name), '[]')
    FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
      AND id <> ? AND alive AND address <> '') AS peers`,
-		run.TransactionID, []string{contract.RunSucceeded, contract.RunSkipped}, run.NodeID, run.NodeID).Scan(&row).Error
+		run.ID, run.TransactionID, []string{contract.RunSucceeded, contract.RunSkipped}, run.GraphIndex, run.NodeID, run.GraphIndex, run.Position,
+		run.NodeID, run.NodeID).Scan(&row).Error
 	if err != nil {
 		return nil, fmt.Errorf("load the context of run %d: %w", run.ID, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -167,46 +168,100 @@ func (s *Server) agentWork(c echo.Context) error {
 	return c.JSON(http.StatusOK, resp)
 }
 
-// workResponse hands out claimed runs with the outputs their transaction
-// has produced so far (earlier graphs, earlier tasks) in their environment.
+// workResponse hands out claimed runs with the outputs of the runs they
+// depend on in their environment, and the secrets they reference
+// decrypted: here, for this node's runs only, and nowhere else. A run
+// whose secrets cannot be had (deleted since the execute, no key) fails,
+// naming them, rather than running without.
 func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (protocol.WorkResponse, error) {
 	out := protocol.WorkResponse{Runs: make([]protocol.WorkItem, 0, len(runs))}
 	for _, r := range runs {
-		rc, err := s.cfg.Store.RunContext(ctx, &r)
+		item, err := s.workItem(ctx, r)
 		if err != nil {
-			return out, err
-		}
-		env := outputEnv(rc.Outputs, r.NodeName)
-		if env == nil {
-			env = map[string]string{}
-		}
-		// The verification graph checks that each peer answers there.
-		env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
-		item := protocol.WorkItem{
-			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
-			// Special tasks the agent runs were turned into shell at
-			// planning, but for reboot.
-			Task: r.TaskName, Type: agentType(r.TaskType), Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
-			Env: env,
-		}
-		// One model for both styles: a noderole's run and a graph task both
-		// see their merged data as $ANNEAL_ATTRS (a graph task's is its
-		// node's, fixed when it was planned: models.NodeInputs).
-		if r.AttrsIn != nil || r.NodeRoleID != nil {
-			raw, err := json.Marshal(r.AttrsIn)
-			if err != nil {
-				return out, fmt.Errorf("encode attributes of run %d: %w", r.ID, err)
+			var se *runSecretsError
+			if errors.As(err, &se) {
+				s.failUndeliverable(ctx, &r, se.Error())
+				continue
 			}
-			item.Attrs = raw
-		}
-		if r.NodeRoleID != nil {
-			// The annealer's run of a noderole: no transaction, no outputs.
-			item.TransactionID, item.NodeRoleID = "", *r.NodeRoleID
-			env["ANNEAL_NODEROLE"] = strconv.FormatInt(*r.NodeRoleID, 10)
+			return out, err
 		}
 		out.Runs = append(out.Runs, item)
 	}
 	return out, nil
+}
+
+// runSecretsError means a run's secrets could not be resolved.
+type runSecretsError struct{ reason string }
+
+func (e *runSecretsError) Error() string { return e.reason }
+
+// failUndeliverable fails a claimed run that cannot be handed out, and
+// completes its activity so that the workflow moves on.
+func (s *Server) failUndeliverable(ctx context.Context, r *models.TaskRun, reason string) {
+	log := s.log.With("run", r.ID, "node", r.NodeName, "task", r.TaskName)
+	if err := s.cfg.Store.FailRun(ctx, r.ID, reason, nil); err != nil {
+		log.Warn("could not fail an undeliverable run", "error", err)
+		return
+	}
+	msg := fmt.Sprintf("task %s failed on %s: %s", r.TaskName, r.NodeName, reason)
+	if err := contract.CompleteRunOnNode(ctx, s.cfg.Temporal, r.TaskToken, false, -1, msg); err != nil {
+		log.Warn("could not complete an undeliverable run's activity", "error", err)
+	}
+	log.Warn("run not handed out", "reason", reason)
+}
+
+// workItem is one claimed run as its agent receives it.
+func (s *Server) workItem(ctx context.Context, r models.TaskRun) (protocol.WorkItem, error) {
+	rc, err := s.cfg.Store.RunContext(ctx, &r)
+	if err != nil {
+		return protocol.WorkItem{}, err
+	}
+	env := outputEnv(rc.Outputs, r.NodeName)
+	if env == nil {
+		env = map[string]string{}
+	}
+	// The verification graph checks that each peer answers there.
+	env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
+	item := protocol.WorkItem{
+		RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
+		// Special tasks the agent runs were turned into shell at
+		// planning, but for reboot.
+		Task: r.TaskName, Type: agentType(r.TaskType), Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
+		Env: env,
+	}
+	// Secrets: the task's environment variables, and the references in
+	// a noderole's attributes.
+	names := models.SecretRefsIn(any(r.AttrsIn))
+	for _, name := range r.Spec.Secrets {
+		names = append(names, name)
+	}
+	vals, err := s.cfg.Store.NodeSecrets(ctx, r.NodeID, names)
+	if err != nil {
+		return item, &runSecretsError{reason: "its secrets could not be resolved: " + err.Error()}
+	}
+	for env, name := range r.Spec.Secrets {
+		item.Env[env] = vals[name]
+	}
+	for _, v := range vals {
+		item.Redact = append(item.Redact, v)
+	}
+	sort.Strings(item.Redact)
+	// One model for both styles: a noderole's run and a graph task both
+	// see their merged data as $ANNEAL_ATTRS (a graph task's is its node's,
+	// fixed when it was planned: models.NodeInputs), secrets resolved.
+	if r.AttrsIn != nil || r.NodeRoleID != nil {
+		raw, err := json.Marshal(models.ResolveSecretRefs(any(r.AttrsIn), vals))
+		if err != nil {
+			return item, fmt.Errorf("encode attributes of run %d: %w", r.ID, err)
+		}
+		item.Attrs = raw
+	}
+	if r.NodeRoleID != nil {
+		// The annealer's run of a noderole: no transaction, no outputs.
+		item.TransactionID, item.NodeRoleID = "", *r.NodeRoleID
+		env["ANNEAL_NODEROLE"] = strconv.FormatInt(*r.NodeRoleID, 10)
+	}
+	return item, nil
 }
 
 // maxContextBytes bounds ANNEAL_CONTEXT, which travels in the environment.
@@ -372,8 +427,9 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	run := rec.Run
 	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
 	msg := fmt.Sprintf("task %s failed on %s with exit code %d", run.TaskName, run.NodeName, res.ExitCode)
-	if res.Error != "" {
-		msg = fmt.Sprintf("task %s failed on %s: %s", run.TaskName, run.NodeName, res.Error)
+	if run.Error != "" {
+		// The stored error, redacted of the deployment's secrets.
+		msg = fmt.Sprintf("task %s failed on %s: %s", run.TaskName, run.NodeName, run.Error)
 	}
 	err = contract.CompleteRunOnNode(ctx, s.cfg.Temporal, run.TaskToken, run.State == contract.RunSucceeded, res.ExitCode, msg)
 	var notFound *serviceerror.NotFound

@@ -41,6 +41,8 @@ var (
 		"POST /api/v1/snapshots/{id}/commit":              true, // commit
 		"POST /api/v1/nodes/{id}/tags":                    true, // tag
 		"DELETE /api/v1/nodes/{id}/tags":                  true, // tag
+		"POST /api/v1/codec/decode":                       true, // read payloads in the Web UI
+		"POST /api/v1/codec/encode":                       true, // the codec server's other half
 	}
 	matrixAdminReads = map[string]bool{"GET /api/v1/tokens": true}
 )

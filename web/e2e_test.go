@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/api/common/v1"
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/history/v1"
+	"go.temporal.io/api/proxy"
 	"go.temporal.io/api/workflowservice/v1"
 
 	"github.com/stretchr/testify/assert"
@@ -22,6 +23,7 @@ import (
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/workflows/codec"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -496,6 +498,15 @@ func recordHistories(t *testing.T, st *testenv.Stack, workflowIDs map[string]str
 		for iter.HasNext() {
 			ev, err := iter.Next()
 			require.NoError(t, err)
+			// Recorded histories are kept plain (the test binary's key is
+			// thrown away): decode the payloads before writing them.
+			dec := &codec.Codec{Keys: testenv.Keys()}
+			require.NoError(t, proxy.VisitPayloads(ctx, ev, proxy.VisitPayloadsOptions{
+				SkipSearchAttributes: true,
+				Visitor: func(_ *proxy.VisitPayloadsContext, ps []*common.Payload) ([]*common.Payload, error) {
+					return dec.Decode(ps)
+				},
+			}))
 			hist.Events = append(hist.Events, ev)
 		}
 		raw, err := protojson.MarshalOptions{Indent: " "}.Marshal(&hist)

@@ -58,7 +58,10 @@ type Config struct {
 	// Namespace is the Temporal namespace the workflows run in, for those
 	// links (default "default").
 	Namespace string
-	Log       *slog.Logger
+	// CodecOrigins are the browser origins allowed to call the codec
+	// server (CORS); default the TemporalUI's origin.
+	CodecOrigins []string
+	Log          *slog.Logger
 }
 
 // Server serves the API.
@@ -137,6 +140,7 @@ func New(cfg Config) *Server {
 	s.deployableRoutes(admin)
 	s.logRoutes(admin, mine)
 	s.configServerRoutes(e)
+	s.secretRoutes(api, admin)
 	admin.GET("/releases", s.listReleases)
 	admin.POST("/releases", s.importRelease)
 	admin.GET("/releases/:id", s.getRelease)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -323,7 +324,17 @@ func (s *Server) agentSoftwareDeployments(c echo.Context) error {
 	}
 	resp := protocol.SoftwareDeploymentsResponse{Version: version, Deployments: make([]protocol.SoftwareDeployment, 0, len(ds))}
 	for _, d := range ds {
-		resp.Deployments = append(resp.Deployments, agentSoftware(d))
+		// Secret references among the inputs are resolved here, for this
+		// node's agent only; one no longer set stays a reference (the
+		// hook sees {"get_secret": ...}) and is logged.
+		names := models.SecretRefsIn(any(d.ResolvedInputs))
+		vals, err := s.cfg.Store.NodeSecrets(c.Request().Context(), nodeID, names)
+		if err != nil {
+			s.log.Warn("software deployment handed out with unresolved secrets", "software_deployment", d.ID, "error", err)
+			vals = map[string]string{}
+		}
+		out := agentSoftware(d, vals)
+		resp.Deployments = append(resp.Deployments, out)
 	}
 	return c.JSON(http.StatusOK, resp)
 }
@@ -331,7 +342,9 @@ func (s *Server) agentSoftwareDeployments(c echo.Context) error {
 // agentSoftware is a deployment as the agent's hooks see it: the config's
 // inputs with their resolved values, plus deploy_server_id, deploy_action
 // and deploy_round.
-func agentSoftware(d heat.SoftwareDeployment) protocol.SoftwareDeployment {
+// Secret references are replaced with their values in secrets, which are
+// listed in Redact.
+func agentSoftware(d heat.SoftwareDeployment, secrets map[string]string) protocol.SoftwareDeployment {
 	out := protocol.SoftwareDeployment{
 		ID: d.ID, Round: d.Round, Action: d.Action, Server: d.ServerName, TimeoutSec: d.TimeoutSec,
 		InputValues: map[string]any{}, Inputs: []protocol.SoftwareIO{}, Outputs: []protocol.SoftwareIO{}, Options: map[string]any{},
@@ -344,6 +357,7 @@ func agentSoftware(d heat.SoftwareDeployment) protocol.SoftwareDeployment {
 		for _, in := range d.Config.Inputs {
 			v, ok := d.ResolvedInputs[in.Name]
 			if ok {
+				v = models.ResolveSecretRefs(v, secrets)
 				out.InputValues[in.Name] = v
 			}
 			out.Inputs = append(out.Inputs, protocol.SoftwareIO{Name: in.Name, Type: in.Type, Description: in.Description, Default: in.Default, Value: v})
@@ -360,6 +374,10 @@ func agentSoftware(d heat.SoftwareDeployment) protocol.SoftwareDeployment {
 		out.Inputs = append(out.Inputs, extra)
 		out.InputValues[extra.Name] = extra.Value
 	}
+	for _, v := range secrets {
+		out.Redact = append(out.Redact, v)
+	}
+	sort.Strings(out.Redact)
 	return out
 }
 

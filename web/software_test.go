@@ -118,7 +118,8 @@ exit 0`,
 	d = waitSoftware(t, st, bad.ID)
 	assert.Equal(t, contract.SoftwareFailed, d.Status)
 	assert.Contains(t, d.StatusReason, "err")
-	assert.Contains(t, d.StatusReason, "disk full")
+	assert.NotContains(t, d.StatusReason, "disk full", "output values stay out of the workflow (and so of the reason)")
+	assert.Equal(t, "disk full", d.OutputValues["err"])
 
 	// A non-zero exit fails it too.
 	exit3 := createConfig(t, st, map[string]any{"name": "exit3", "config": "echo oops >&2; exit 3"})

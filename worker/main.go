@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/worker/server"
 )
 
@@ -24,8 +25,11 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "token" {
 		os.Exit(tokenCommand(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "secrets" {
+		os.Exit(secretsCommand(os.Args[2:]))
+	}
 	cfg := server.Config{}
-	var bootstrapFile string
+	var bootstrapFile, secretKeyFile, codecOrigins string
 	flag.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
 	flag.StringVar(&cfg.TemporalAddress, "temporal", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port")
 	flag.BoolVar(&cfg.TemporalTLS.Enabled, "temporal-tls", false, "connect to Temporal with TLS (implied by the other -temporal-tls-* flags and -temporal-api-key)")
@@ -43,8 +47,10 @@ func main() {
 	flag.BoolVar(&cfg.NoWorker, "no-worker", false, "serve only the API")
 	flag.StringVar(&cfg.TemporalUI, "temporal-ui", os.Getenv("TEMPORAL_UI"), "base URL of the Temporal Web UI, for the API's links to workflows (e.g. http://127.0.0.1:8233)")
 	flag.StringVar(&bootstrapFile, "bootstrap-token-file", "", "a file holding the first admin token (ann_...), stored if no admin token exists yet; or set ANNEAL_BOOTSTRAP_TOKEN")
+	flag.StringVar(&secretKeyFile, "secret-key-file", "", "a file of secret keys (base64 of 32 bytes each, one a line, the first one encrypting) sealing the deployments' secrets and every Temporal payload; or set "+secrets.EnvKey)
+	flag.StringVar(&codecOrigins, "codec-origin", "", "comma-separated browser origins allowed to call the codec server /api/v1/codec (default: the -temporal-ui origin)")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: worker [flags]\n       worker token create --name NAME [--scope admin|operator|viewer|enroll]\n\nflags:\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: worker [flags]\n       worker token create --name NAME [--scope admin|operator|viewer|enroll]\n       worker secrets rotate [--secret-key-file FILE] [--database-url URL]\n\nflags:\n")
 		flag.PrintDefaults()
 	}
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this address, e.g. 127.0.0.1:6060 (off by default)")
@@ -53,6 +59,16 @@ func main() {
 	if cfg.DatabaseURL == "" {
 		fmt.Fprintln(os.Stderr, "worker: set -database-url or DATABASE_URL")
 		os.Exit(2)
+	}
+	keys, err := secrets.Load(secretKeyFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
+	cfg.Keys = keys
+	cfg.Log.Info("secret keys loaded", "encrypting_key_id", keys.PrimaryID(), "key_ids", strings.Join(keys.IDs(), ","))
+	if codecOrigins != "" {
+		cfg.CodecOrigins = strings.Split(codecOrigins, ",")
 	}
 	cfg.BootstrapToken = os.Getenv("ANNEAL_BOOTSTRAP_TOKEN")
 	if bootstrapFile != "" {
@@ -105,6 +121,38 @@ func tokenCommand(args []string) int {
 	}
 	fmt.Fprintln(os.Stderr, "token", tok.ID, "("+tok.Name+", scope "+tok.Scope+") created; it is shown only this once:")
 	fmt.Println(secret)
+	return 0
+}
+
+// secretsCommand is `worker secrets rotate`: it seals again, with the
+// first key, every secret sealed with an older one. Exit code 2 for bad
+// usage, 1 for a failure.
+func secretsCommand(args []string) int {
+	if len(args) == 0 || args[0] != "rotate" {
+		fmt.Fprintln(os.Stderr, "usage: worker secrets rotate [--secret-key-file FILE] [--database-url URL]")
+		return 2
+	}
+	fs := flag.NewFlagSet("secrets rotate", flag.ContinueOnError)
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
+	keyFile := fs.String("secret-key-file", "", "the keys, new one first (or "+secrets.EnvKey+")")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if *dbURL == "" {
+		fmt.Fprintln(os.Stderr, "worker secrets rotate: set --database-url or DATABASE_URL")
+		return 2
+	}
+	keys, err := secrets.Load(*keyFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker secrets rotate:", err)
+		return 2
+	}
+	n, err := server.RotateSecrets(context.Background(), *dbURL, keys)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "worker secrets rotate: %v\n", err)
+		return 1
+	}
+	fmt.Printf("%d secret(s) sealed again with key %s\n", n, keys.PrimaryID())
 	return 0
 }
 

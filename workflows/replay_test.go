@@ -10,7 +10,9 @@ import (
 	"go.temporal.io/sdk/worker"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/codec"
 )
 
 // TestReplayRecordedHistories replays histories recorded from real runs
@@ -23,6 +25,8 @@ func TestReplayRecordedHistories(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.history.json")
 	require.NoError(t, err)
 	require.NotEmpty(t, files, "no recorded histories in testdata")
+	keys, err := secrets.ParseKeys(secrets.GenerateKey())
+	require.NoError(t, err)
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) {
 			raw, err := os.ReadFile(file)
@@ -32,6 +36,16 @@ func TestReplayRecordedHistories(t *testing.T) {
 			replayer := worker.NewWorkflowReplayer()
 			workflows.Register(replayer)
 			require.NoError(t, replayer.ReplayWorkflowHistory(nil, &hist))
+
+			// The recorded histories hold plain payloads; the encrypting
+			// codec every client uses now passes them through, so an
+			// installation upgraded to encryption replays its old runs.
+			replayer, err = worker.NewWorkflowReplayerWithOptions(worker.WorkflowReplayerOptions{
+				DataConverter: codec.DataConverter(keys), FailureConverter: codec.FailureConverter(keys),
+			})
+			require.NoError(t, err)
+			workflows.Register(replayer)
+			require.NoError(t, replayer.ReplayWorkflowHistory(nil, &hist), "through the codec")
 		})
 	}
 }

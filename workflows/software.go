@@ -34,7 +34,12 @@ func EvaluateSoftwareSignal(errorOutputs []string, sig contract.SoftwareSignalSu
 	var bad []string
 	for _, name := range errorOutputs {
 		if v, ok := sig.Present[name]; ok {
-			bad = append(bad, fmt.Sprintf("%s=%q", name, v))
+			if v == contract.Redacted {
+				// The value is not in the summary: name the output.
+				bad = append(bad, name)
+				continue
+			}
+			bad = append(bad, fmt.Sprintf("%s=%q", name, v)) // an older summary, with an excerpt
 		}
 	}
 	if len(bad) > 0 {

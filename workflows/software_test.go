@@ -105,7 +105,12 @@ func TestSoftwareErrorOutputFails(t *testing.T) {
 	assert.Equal(t, contract.SoftwareFailed, res.Status)
 	assert.Contains(t, res.Reason, `err="disk full"`)
 
-	status, reason := workflows.EvaluateSoftwareSignal(nil, contract.SoftwareSignalSummary{StatusCode: 127, StatusReason: `unknown group "puppet"`})
+	// A summary of today names the output only: its value is not sent.
+	status, reason := workflows.EvaluateSoftwareSignal([]string{"err"}, contract.SoftwareSignalSummary{Present: map[string]string{"err": contract.Redacted, "ok": contract.Redacted}})
+	assert.Equal(t, contract.SoftwareFailed, status)
+	assert.Equal(t, "error output signalled: err", reason)
+
+	status, reason = workflows.EvaluateSoftwareSignal(nil, contract.SoftwareSignalSummary{StatusCode: 127, StatusReason: `unknown group "puppet"`})
 	assert.Equal(t, contract.SoftwareFailed, status)
 	assert.Equal(t, `deploy_status_code 127: unknown group "puppet"`, reason)
 }

@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models/secrets"
 )
 
 // ScriptGroup is the built-in hook's group.
@@ -83,8 +84,22 @@ func (h *Hooks) hooksDir() string {
 
 // Run runs one deployment round and returns the signal to send. Whatever
 // goes wrong is described in the signal (deploy_status_code != 0 and
-// deploy_status_reason).
+// deploy_status_reason). The secret values the deployment was sent
+// (d.Redact) are replaced with "***" in the signal, and the round's input
+// files are removed afterwards when there were any.
 func (h *Hooks) Run(ctx context.Context, d protocol.SoftwareDeployment) protocol.SoftwareSignal {
+	if len(d.Redact) == 0 {
+		return h.run(ctx, d)
+	}
+	defer os.RemoveAll(filepath.Join(h.Dir(d), "inputs"))
+	red := secrets.NewRedactor(d.Redact...)
+	sig := h.run(ctx, d)
+	sig.Outputs, _ = red.Value(sig.Outputs).(map[string]any)
+	sig.Stdout, sig.Stderr, sig.StatusReason = red.String(sig.Stdout), red.String(sig.Stderr), red.String(sig.StatusReason)
+	return sig
+}
+
+func (h *Hooks) run(ctx context.Context, d protocol.SoftwareDeployment) protocol.SoftwareSignal {
 	sig := protocol.SoftwareSignal{Round: d.Round, Outputs: map[string]any{}}
 	fail := func(code int, format string, args ...any) protocol.SoftwareSignal {
 		sig.StatusCode, sig.StatusReason = code, fmt.Sprintf(format, args...)

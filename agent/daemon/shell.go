@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models/secrets"
 )
 
 // Defaults of the shell executor.
@@ -50,10 +51,12 @@ var errTimedOut = errors.New("run timed out")
 // line longer than 64 KiB is split), then a "# " footer with the outcome.
 //
 // The command sees the agent's environment (minus the tokens, see
-// SecretEnv), then
+// SecretEnv; or BaseEnv when set), then
 // the item's Env, then ANNEAL_NODE, ANNEAL_RUN_ID, ANNEAL_ATTEMPT,
 // ANNEAL_TASK, ANNEAL_TRANSACTION, ANNEAL_GRAPH, ANNEAL_WORKDIR and
-// ANNEAL_OUTPUTS (later ones win). ANNEAL_OUTPUTS names a fresh empty file;
+// ANNEAL_OUTPUTS (later ones win). The item's Redact values (its secrets)
+// are replaced with "***" in the log file, the tails, the outputs, the
+// attributes handed back and the error. ANNEAL_OUTPUTS names a fresh empty file;
 // what the command writes there becomes the run's outputs: a JSON object of
 // strings if it starts with "{" (after leading white space), else key=value
 // lines (key and value trimmed of surrounding white space; blank lines and
@@ -80,6 +83,10 @@ type ShellExecutor struct {
 	KillGrace time.Duration
 	// Logger receives anomalies (kills, unreadable outputs); default slog.Default().
 	Logger *slog.Logger
+	// BaseEnv, when not nil, is the environment commands start from
+	// instead of the agent's own (the worker runs master_shell tasks with
+	// a clean one: no database URL, no tokens).
+	BaseEnv []string
 }
 
 var _ Executor = (*ShellExecutor)(nil)
@@ -129,7 +136,8 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 		res.Error = fmt.Sprintf("cannot open log file: %v", err)
 		return res
 	}
-	lf := &logFile{w: bufio.NewWriter(f)}
+	red := secrets.NewRedactor(item.Redact...)
+	lf := &logFile{w: bufio.NewWriter(f), red: red}
 	defer func() {
 		res.FinishedAt = time.Now().UTC()
 		lf.comment("finished %s: %s", res.FinishedAt.Format(time.RFC3339Nano), outcome(res))
@@ -244,15 +252,15 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	if err != nil {
 		problems = append(problems, err.Error())
 	}
-	res.Outputs = outputs
+	res.Outputs = red.Map(outputs)
 	if back, err := attrs.read(item.Attrs); err != nil {
 		problems = append(problems, err.Error())
 	} else {
-		res.Attrs = back
+		res.Attrs = redactJSON(red, back)
 	}
-	res.StdoutTail = stdoutTail.String()
-	res.StderrTail = stderrTail.String()
-	res.Error = strings.Join(problems, "; ")
+	res.StdoutTail = red.String(stdoutTail.String())
+	res.StderrTail = red.String(stderrTail.String())
+	res.Error = red.String(strings.Join(problems, "; "))
 	return res
 }
 
@@ -314,7 +322,12 @@ func groupAlive(pgid int) bool {
 }
 
 func (e *ShellExecutor) environ(item protocol.WorkItem, outputsPath string) []string {
-	env := agentEnviron(len(item.Env) + 8)
+	var env []string
+	if e.BaseEnv != nil {
+		env = append(make([]string, 0, len(e.BaseEnv)+len(item.Env)+8), e.BaseEnv...)
+	} else {
+		env = agentEnviron(len(item.Env) + 8)
+	}
 	for k, v := range item.Env {
 		env = append(env, k+"="+v)
 	}
@@ -533,16 +546,38 @@ func (t *tail) String() string {
 	return s
 }
 
-// logFile is the run's log, shared by the stdout and stderr writers.
+// redactJSON redacts the strings of a JSON document (raw when it is not
+// JSON: attrs.read hands back objects only).
+func redactJSON(red *secrets.Redactor, raw json.RawMessage) json.RawMessage {
+	if red.Empty() || raw == nil {
+		return raw
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return red.Bytes(raw)
+	}
+	out, err := json.Marshal(red.Value(v))
+	if err != nil {
+		return red.Bytes(raw)
+	}
+	return out
+}
+
+// logFile is the run's log, shared by the stdout and stderr writers. Each
+// line is redacted of the run's secrets before it is written.
 type logFile struct {
 	mu  sync.Mutex
 	w   *bufio.Writer
+	red *secrets.Redactor
 	err error
 }
 
 func (l *logFile) write(parts ...[]byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if !l.red.Empty() {
+		parts = [][]byte{l.red.Bytes(bytes.Join(parts, nil))}
+	}
 	for _, p := range parts {
 		if _, err := l.w.Write(p); err != nil && l.err == nil {
 			l.err = err

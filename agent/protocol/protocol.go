@@ -112,6 +112,10 @@ type WorkItem struct {
 	// node's attributes, and "anneal": {node, roles, tags}). Absent on runs
 	// planned by servers that did not send it.
 	Attrs json.RawMessage `json:"attrs,omitempty"`
+	// Redact lists the secret values this run was sent (in Env or Attrs):
+	// the agent replaces them with "***" in everything it logs, keeps and
+	// reports (log file, output tails, outputs, attributes, errors).
+	Redact []string `json:"redact,omitempty"`
 }
 
 // Timeout returns the run's timeout as a duration.
@@ -242,6 +246,10 @@ type SoftwareDeployment struct {
 	Options     map[string]any `json:"options"`
 	InputValues map[string]any `json:"input_values"`
 	TimeoutSec  int            `json:"timeout_sec"`
+	// Redact lists the secret values among the inputs (hidden inputs,
+	// get_secret references): the agent redacts them from what it logs
+	// and signals.
+	Redact []string `json:"redact,omitempty"`
 }
 
 // Timeout returns the deployment's timeout as a duration.

@@ -11,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/anneal-dev/anneal/models/secrets"
+	"github.com/anneal-dev/anneal/workflows/codec"
 	"log/slog"
 	"sort"
 	"strings"
@@ -48,6 +50,9 @@ type Options struct {
 	Register func(worker.WorkflowRegistry)
 	// Log receives progress and the replayer's warnings; nil discards.
 	Log *slog.Logger
+	// Keys decode the installation's encrypted payloads (secrets/codec);
+	// nil reads plain payloads only. Plain payloads pass through either way.
+	Keys *secrets.Keyring
 }
 
 // Broken is an execution that does not replay on the current code.
@@ -103,7 +108,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if register == nil {
 		register = workflows.Register
 	}
-	replayer, err := worker.NewWorkflowReplayerWithOptions(worker.WorkflowReplayerOptions{})
+	replayer, err := worker.NewWorkflowReplayerWithOptions(worker.WorkflowReplayerOptions{
+		DataConverter: codec.DataConverter(opts.Keys), FailureConverter: codec.FailureConverter(opts.Keys),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("replay: new replayer: %w", err)
 	}

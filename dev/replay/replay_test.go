@@ -74,7 +74,8 @@ func TestReplayARunningInstallation(t *testing.T) {
 	txID := runTransaction(t, st)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	opts := replay.Options{Client: st.Temporal, Namespace: "default", TaskQueue: st.TaskQueue, Since: time.Hour, Log: testenv.Logger(t)}
+	// The stack encrypts its payloads: the replayer decodes them with its keys.
+	opts := replay.Options{Client: st.Temporal, Namespace: "default", TaskQueue: st.TaskQueue, Since: time.Hour, Log: testenv.Logger(t), Keys: testenv.Keys()}
 
 	res, err := replay.Run(ctx, opts)
 	require.NoError(t, err)

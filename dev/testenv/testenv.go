@@ -32,6 +32,7 @@ import (
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/roles/network"
+	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/worker/server"
@@ -132,8 +133,22 @@ func Store(t testing.TB) (*models.Store, string) {
 			sqlDB.Close()
 		}
 	})
-	return &models.Store{DB: db, Domain: server.DefaultDomain}, dbURL
+	return &models.Store{DB: db, Domain: server.DefaultDomain, Keys: Keys()}, dbURL
 }
+
+// testKeys is the secret key of every test stack and client of a test
+// binary: stores seal secrets with it, and Temporal payloads are
+// encrypted with it as in production.
+var testKeys = func() *secrets.Keyring {
+	k, err := secrets.ParseKeys(secrets.GenerateKey())
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+// Keys returns the test binary's secret keys.
+func Keys() *secrets.Keyring { return testKeys }
 
 // TemporalClient dials the test Temporal server. The first call of the
 // process makes sure anneal's search attributes are registered on its
@@ -142,7 +157,7 @@ func Store(t testing.TB) (*models.Store, string) {
 func TemporalClient(t testing.TB) client.Client {
 	t.Helper()
 	addr := need(t, EnvTemporal)
-	c, err := client.Dial(client.Options{HostPort: addr, Logger: quietLogger{}})
+	c, err := client.Dial(server.ClientOptions(addr, "", Keys(), quietLogger{}))
 	require.NoError(t, err, "dial Temporal at %s", addr)
 	t.Cleanup(c.Close)
 	registerOnce.Do(func() {
@@ -166,6 +181,9 @@ type Options struct {
 	HeartbeatTimeoutSec int
 	// TemporalUI, when set, is handed to the API for its workflow links.
 	TemporalUI string
+	// LogSink, when set, also receives every log line of the stack (API,
+	// worker, activities) and of the agents StartAgent starts.
+	LogSink io.Writer
 }
 
 // Stack is a running anneal: its own database, a worker on its own task
@@ -194,6 +212,11 @@ func NewStack(t testing.TB, opts Options) *Stack {
 		opts.HeartbeatTimeoutSec = 3
 	}
 	log := Logger(t)
+	if opts.LogSink != nil {
+		w := &testWriter{t: t}
+		t.Cleanup(func() { w.done.Store(true) })
+		log = slog.New(slog.NewTextHandler(io.MultiWriter(w, opts.LogSink), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	store, dbURL := Store(t)
 	tc := TemporalClient(t)
 	// The sample roles' hooks, as the server registers them.
@@ -336,7 +359,7 @@ func (s *Stack) StartAgent(t testing.TB, name string, tune ...func(*daemon.Confi
 	cfg := daemon.Config{
 		APIURL: s.URL, Name: name, EnrollToken: s.EnrollToken, WorkDir: a.WorkDir, Address: a.Address, Listen: a.Address,
 		HeartbeatEvery: time.Second, RunHeartbeatEvery: time.Second, PollWait: 5 * time.Second,
-		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(t).With("agent", name),
+		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: s.log.With("agent", name),
 	}
 	for _, f := range tune {
 		f(&cfg)

@@ -230,7 +230,7 @@ func (s *Store) ImportDeployable(ctx context.Context, body []byte, format, deplo
 			return fmt.Errorf("create deployable %q: %w", d.Name, models.UniqueViolation(err, fmt.Sprintf("a deployable named %q already exists", d.Name)))
 		}
 		out.Deployable = d
-		inner := &models.Store{DB: tx, Domain: s.Domain}
+		inner := &models.Store{DB: tx, Domain: s.Domain, Keys: s.Keys}
 		for i, ic := range configs {
 			da := doc.Deployable.Assemblies[i]
 			node, _, err := inner.CreateNode(ctx, models.NodeInput{Name: InstanceNodeName(ic.Name, d.Name, s.Domain), Deployment: dep.Name}, false)

@@ -121,6 +121,9 @@ func (s *Store) FinishNodeRoleRun(ctx context.Context, id int64, run int, ok boo
 				if back == nil {
 					back = r.AttrsIn
 				}
+				// A secret reference resolved for the run came back
+				// redacted: that is no change.
+				back = models.RestoreSecretRefs(r.AttrsIn, back)
 				wall = attrs.Diff(r.AttrsIn, back)
 			}
 		}

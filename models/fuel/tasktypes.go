@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sort"
 	"strings"
 
 	"github.com/anneal-dev/anneal/models"
@@ -35,6 +36,51 @@ const (
 
 var octalMode = regexp.MustCompile(`^0?[0-7]{3}$`)
 
+// envVarName is what a task's parameters.secrets may name: a portable
+// environment variable name.
+var envVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// maxTaskSecrets bounds the secrets one task references.
+const maxTaskSecrets = 100
+
+// validateSecretRefs checks a task's parameters.secrets: environment
+// variable names (not ANNEAL_*, which anneal sets) to secret names.
+func validateSecretRefs(field string, refs map[string]plan.SecretRef) error {
+	if err := models.MaxItems(field, len(refs), maxTaskSecrets); err != nil {
+		return err
+	}
+	for _, env := range sortedKeys(refs) {
+		f := field + "." + env
+		switch {
+		case len(env) > models.MaxTaskIDLen || !envVarName.MatchString(env):
+			return models.Invalid(field, "%q is not an environment variable name (letters, digits and _, not starting with a digit)", models.Clip(env))
+		case strings.HasPrefix(strings.ToUpper(env), "ANNEAL_"):
+			return models.Invalid(f, "ANNEAL_* variables are set by anneal; pick another name")
+		}
+		if err := models.ValidName(f+".secret", "secret", refs[env].Secret); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SecretNames lists the secrets the given tasks reference, sorted, once
+// each.
+func SecretNames(tasks []*plan.Task) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, t := range tasks {
+		for _, ref := range t.Parameters.Secrets {
+			if !seen[ref.Secret] {
+				seen[ref.Secret] = true
+				out = append(out, ref.Secret)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // runSpec turns a task into what its jig executes. Tasks the agent runs
 // become a shell command here, so the agent needs to know only shell:
 // upload_file writes its data, sync copies a directory, erase_node wipes
@@ -42,6 +88,12 @@ var octalMode = regexp.MustCompile(`^0?[0-7]{3}$`)
 func runSpec(t *plan.Task) (models.RunSpec, error) {
 	p := t.Parameters
 	spec := models.RunSpec{Jig: JigAgent, Cmd: p.Cmd, TimeoutSec: p.Timeout, Retries: p.Retries}
+	for env, ref := range p.Secrets {
+		if spec.Secrets == nil {
+			spec.Secrets = map[string]string{}
+		}
+		spec.Secrets[env] = ref.Secret
+	}
 	if spec.TimeoutSec <= 0 {
 		spec.TimeoutSec = models.DefaultTaskTimeoutSec
 	}
@@ -190,6 +242,9 @@ func validateTask(field string, t *plan.Task) error {
 		if err := models.ValidText(params+"."+s.name, s.v, models.MaxTextLen); err != nil {
 			return bad(err)
 		}
+	}
+	if err := validateSecretRefs(params+".secrets", p.Secrets); err != nil {
+		return bad(err)
 	}
 	if t.IsMarker() {
 		return nil

@@ -81,8 +81,22 @@ func (s *Store) CreateTransaction(ctx context.Context, in ExecuteInput, start fu
 			if err := checkFilters(field, *g, graph, dep, tx); err != nil {
 				return err
 			}
-			if _, err := plan.Build(graph.Tasks, nodes, plan.Options{Nodes: g.Nodes, Tasks: g.Tasks}); err != nil {
+			built, err := plan.Build(graph.Tasks, nodes, plan.Options{Nodes: g.Nodes, Tasks: g.Tasks})
+			if err != nil {
 				return planError(field, err)
+			}
+			// Every secret the planned runs reference must be set now; a
+			// missing one is named here rather than failing a run later.
+			tasks := make([]*plan.Task, 0, len(built.Runs))
+			for _, r := range built.Runs {
+				tasks = append(tasks, r.Task)
+			}
+			missing, err := models.MissingSecrets(tx, dep.ID, SecretNames(tasks))
+			if err != nil {
+				return err
+			}
+			if len(missing) > 0 {
+				return models.MissingSecretsError(field+".type", dep.Name, missing)
 			}
 			for j := range graph.Tasks {
 				if graph.Tasks[j].IsMarker() {

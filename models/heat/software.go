@@ -43,6 +43,14 @@ type SoftwareIODef struct {
 	// ErrorOutput (outputs only): any non-empty value signalled for this
 	// output fails the deployment.
 	ErrorOutput bool `json:"error_output,omitempty"`
+	// Hidden (inputs only; newer Heat's hidden parameters, "sensitive" is
+	// read as a synonym) marks a sensitive input: it has no default, and a
+	// deployment gives its value as a secret reference,
+	// {"get_secret": "<name>"}, resolved only in what the node's agent
+	// receives.
+	Hidden bool `json:"hidden,omitempty"`
+	// Sensitive is read as Hidden and not stored.
+	Sensitive bool `json:"sensitive,omitempty" gorm:"-"`
 }
 
 // SoftwareConfig is an immutable script or document with its inputs and
@@ -183,6 +191,13 @@ func checkSchema(field string, defs []SoftwareIODef, outputs bool) ([]SoftwareIO
 		}
 		if d.Default != nil && outputs {
 			return nil, models.Invalid(f+".default", "outputs have no default")
+		}
+		d.Hidden, d.Sensitive = d.Hidden || d.Sensitive, false
+		if d.Hidden && outputs {
+			return nil, models.Invalid(f+".hidden", "only inputs can be hidden (outputs are redacted when they hold a secret)")
+		}
+		if d.Hidden && d.Default != nil {
+			return nil, models.Invalid(f+".default", "a hidden input has no default (it would be stored in plain text); deployments give it as {\"get_secret\": \"<name>\"}")
 		}
 		out = append(out, d)
 	}
@@ -356,10 +371,38 @@ func getAttr(v any) (id int64, output string, isRef bool, err error) {
 
 // checkInputValues validates input values against a config's inputs schema
 // and their references against the deployments they name.
-func checkInputValues(tx *gorm.DB, cfg *SoftwareConfig, values map[string]any, self int64) error {
+//
+// A value may be a secret reference, {"get_secret": "<name>"}, to a
+// secret of the node's deployment (nodeDeployment), which must be set; a
+// hidden input's value must be one.
+func checkInputValues(tx *gorm.DB, cfg *SoftwareConfig, values map[string]any, self, nodeDeployment int64) error {
 	declared := map[string]bool{}
+	hidden := map[string]bool{}
 	for _, in := range cfg.Inputs {
 		declared[in.Name] = true
+		hidden[in.Name] = in.Hidden
+	}
+	var refs []string
+	for name, v := range values {
+		if secret, ok := models.SecretRefName(v); ok {
+			if err := models.ValidName("input_values."+name+"."+models.GetSecret, "secret", secret); err != nil {
+				return err
+			}
+			refs = append(refs, secret)
+		} else if hidden[name] {
+			return models.Invalid("input_values."+name, "input %q is hidden: give its value as {\"get_secret\": \"<name>\"}, a secret of the node's deployment", name)
+		}
+	}
+	missing, err := models.MissingSecrets(tx, nodeDeployment, refs)
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		var dep models.Deployment
+		if err := tx.Select("name").Take(&dep, nodeDeployment).Error; err != nil {
+			return fmt.Errorf("load deployment %d: %w", nodeDeployment, err)
+		}
+		return models.MissingSecretsError("input_values", dep.Name, missing)
 	}
 	names := make([]string, 0, len(values))
 	for k := range values {
@@ -494,7 +537,7 @@ func (s *Store) CreateSoftwareDeployment(ctx context.Context, in SoftwareDeploym
 		if err != nil {
 			return err
 		}
-		if err := checkInputValues(tx, &cfg, in.InputValues, 0); err != nil {
+		if err := checkInputValues(tx, &cfg, in.InputValues, 0, node.DeploymentID); err != nil {
 			return err
 		}
 		d = &SoftwareDeployment{
@@ -599,7 +642,11 @@ func (s *Store) UpdateSoftwareDeployment(ctx context.Context, id int64, up Softw
 			return fmt.Errorf("load software config %d: %w", d.ConfigID, err)
 		}
 		if up.InputValues != nil {
-			if err := checkInputValues(tx, &cfg, up.InputValues, id); err != nil {
+			var nodeDep int64
+			if err := tx.Model(&models.Node{}).Select("deployment_id").Where("id = ?", d.NodeID).Scan(&nodeDep).Error; err != nil {
+				return fmt.Errorf("load the deployment of node %d: %w", d.NodeID, err)
+			}
+			if err := checkInputValues(tx, &cfg, up.InputValues, id, nodeDep); err != nil {
 				return err
 			}
 			d.InputValues = up.InputValues
@@ -1066,6 +1113,14 @@ func (s *Store) RecordSoftwareSignal(ctx context.Context, nodeID, id int64, sig 
 		if round != d.Round {
 			return &models.ConflictError{Reason: fmt.Sprintf("software deployment %d is in round %d, not %d; the signal is for an old round", id, d.Round, round)}
 		}
+		// What the node signals is redacted of its deployment's secrets
+		// before it is stored or summarised for the workflow.
+		red, err := s.NodeRedactor(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		sig.Outputs, _ = red.Value(sig.Outputs).(map[string]any)
+		sig.Stdout, sig.Stderr, sig.StatusReason = red.String(sig.Stdout), red.String(sig.Stderr), red.String(sig.StatusReason)
 		rec.Summary = summarize(round, sig)
 		if d.SignaledRound == round {
 			return nil // repeated: the first signal stands
@@ -1090,6 +1145,9 @@ func (s *Store) RecordSoftwareSignal(ctx context.Context, nodeID, id int64, sig 
 	return &rec, nil
 }
 
+// summarize tells the workflow which outputs were signalled non-empty; the
+// values themselves stay in Postgres (contract.Redacted stands for each),
+// so that no output value reaches a Temporal payload.
 func summarize(round int, sig protocol.SoftwareSignal) contract.SoftwareSignalSummary {
 	sum := contract.SoftwareSignalSummary{Round: round, StatusCode: sig.StatusCode, StatusReason: excerpt(sig.StatusReason)}
 	if sig.StatusReason == "" {
@@ -1100,7 +1158,7 @@ func summarize(round int, sig protocol.SoftwareSignal) contract.SoftwareSignalSu
 			if sum.Present == nil {
 				sum.Present = map[string]string{}
 			}
-			sum.Present[k] = excerpt(v)
+			sum.Present[k] = contract.Redacted
 		}
 	}
 	return sum

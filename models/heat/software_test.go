@@ -80,7 +80,7 @@ func TestSoftwareRoundLifecycle(t *testing.T) {
 	rec, err := store.RecordSoftwareSignal(ctx, node.ID, first.ID, protocol.SoftwareSignal{Outputs: map[string]any{"out": "42", "err": ""}, Stdout: "hi"})
 	require.NoError(t, err)
 	assert.True(t, rec.Fresh)
-	assert.Equal(t, map[string]string{"out": "42"}, rec.Summary.Present, "empty values are not present")
+	assert.Equal(t, map[string]string{"out": contract.Redacted}, rec.Summary.Present, "empty values are not present; values never go to the workflow")
 	rec, err = store.RecordSoftwareSignal(ctx, node.ID, first.ID, protocol.SoftwareSignal{Outputs: map[string]any{"out": "other"}})
 	require.NoError(t, err)
 	assert.False(t, rec.Fresh)

@@ -102,6 +102,17 @@ type Parameters struct {
 	// Src and Dst describe a sync task: Src's contents are copied to Dst.
 	Src string `json:"src,omitempty" yaml:"src,omitempty"`
 	Dst string `json:"dst,omitempty" yaml:"dst,omitempty"`
+	// Secrets puts named secrets of the deployment in the run's
+	// environment: {"DB_PASSWORD": {"secret": "db-password"}}. Only the
+	// names are stored with the graph; the value is decrypted when the
+	// node's agent claims the run, for that run only, and redacted from
+	// what comes back.
+	Secrets map[string]SecretRef `json:"secrets,omitempty" yaml:"secrets,omitempty"`
+}
+
+// SecretRef names a secret of the deployment.
+type SecretRef struct {
+	Secret string `json:"secret" yaml:"secret"`
 }
 
 // CrossDep is one cross-node dependency of a task.

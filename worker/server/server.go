@@ -21,9 +21,11 @@ import (
 	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/heat"
 	"github.com/anneal-dev/anneal/models/roles/network"
+	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/scenarios"
 	"github.com/anneal-dev/anneal/web"
 	"github.com/anneal-dev/anneal/workflows"
+	"github.com/anneal-dev/anneal/workflows/codec"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -61,7 +63,13 @@ type Config struct {
 	// if the database has no admin token yet: how a fresh install gets its
 	// first one. Ignored (and said so) once an admin token exists.
 	BootstrapToken string
-	Log            *slog.Logger
+	// CodecOrigins are the browser origins allowed to call the codec
+	// server (default: TemporalUI's).
+	CodecOrigins []string
+	// Keys seal the deployments' secrets and every Temporal payload
+	// (required: -secret-key-file or ANNEAL_SECRET_KEY).
+	Keys *secrets.Keyring
+	Log  *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -82,6 +90,9 @@ func (c *Config) defaults() {
 // Run runs the server until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	cfg.defaults()
+	if cfg.Keys == nil {
+		return errors.New("no secret key: give -secret-key-file or set " + secrets.EnvKey)
+	}
 	db, err := models.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -92,7 +103,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := models.Migrate(ctx, db); err != nil {
 		return err
 	}
-	store := &models.Store{DB: db, Domain: cfg.Domain}
+	store := &models.Store{DB: db, Domain: cfg.Domain, Keys: cfg.Keys}
 	if cfg.BootstrapToken != "" {
 		created, err := store.BootstrapAdminToken(ctx, "bootstrap", cfg.BootstrapToken)
 		if err != nil {
@@ -110,9 +121,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := fuel.EnsureBuiltinGraphs(ctx, fuel.New(store), scenarios.BuiltinGraphs()...); err != nil {
 		return err
 	}
-	copts := client.Options{
-		HostPort: cfg.TemporalAddress, Namespace: cfg.Namespace, Logger: log.NewStructuredLogger(cfg.Log),
-	}
+	copts := ClientOptions(cfg.TemporalAddress, cfg.Namespace, cfg.Keys, log.NewStructuredLogger(cfg.Log))
 	tlsCfg, err := cfg.TemporalTLS.config()
 	if err != nil {
 		return err
@@ -141,7 +150,7 @@ func Run(ctx context.Context, cfg Config) error {
 		api := web.New(web.Config{
 			Store: store, Temporal: tc, TaskQueue: cfg.TaskQueue, DatabaseURL: cfg.DatabaseURL,
 			HeartbeatTimeoutSec: cfg.HeartbeatTimeoutSec, AckLease: cfg.AckLease, Log: cfg.Log,
-			TemporalUI: cfg.TemporalUI, Namespace: cfg.Namespace,
+			TemporalUI: cfg.TemporalUI, Namespace: cfg.Namespace, CodecOrigins: cfg.CodecOrigins,
 		})
 		g.Go(func() error { return api.Run(ctx, cfg.APIAddr) })
 		g.Go(func() error { api.RunReconciler(ctx, reconcilePeriod); return nil })
@@ -153,6 +162,33 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	return nil
+}
+
+// ClientOptions are the options of every Temporal client of anneal: each
+// payload (and failure message) goes through the encrypting codec, so
+// that Temporal's histories hold ciphertext only.
+func ClientOptions(address, namespace string, keys *secrets.Keyring, logger log.Logger) client.Options {
+	return client.Options{
+		HostPort: address, Namespace: namespace, Logger: logger,
+		DataConverter: codec.DataConverter(keys), FailureConverter: codec.FailureConverter(keys),
+	}
+}
+
+// RotateSecrets opens the database at databaseURL and seals again, with
+// the first of keys, every secret sealed with another key (`worker secrets
+// rotate`). It returns how many it re-sealed.
+func RotateSecrets(ctx context.Context, databaseURL string, keys *secrets.Keyring) (int, error) {
+	db, err := models.Open(ctx, databaseURL)
+	if err != nil {
+		return 0, err
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	if err := models.Migrate(ctx, db); err != nil {
+		return 0, err
+	}
+	return (&models.Store{DB: db, Keys: keys}).RotateSecrets(ctx)
 }
 
 // CreateToken opens and migrates the database at databaseURL and stores a

@@ -93,14 +93,20 @@ type SoftwarePrepared struct {
 }
 
 // SoftwareSignalSummary is what a deployment's workflow is told of the
-// agent's signal: the round, the status code and reason, and the non-empty
-// outputs (values cut to a short excerpt; the full values stay in Postgres).
+// agent's signal: the round, the status code and reason, and which outputs
+// were signalled non-empty. Present maps each such output to Redacted: the
+// values stay in Postgres. (Summaries written before carried a short
+// excerpt of each value there; they still decode.)
 type SoftwareSignalSummary struct {
 	Round        int               `json:"round"`
 	StatusCode   int               `json:"status_code"`
 	StatusReason string            `json:"status_reason,omitempty"`
 	Present      map[string]string `json:"present,omitempty"`
 }
+
+// Redacted stands for a value anneal does not show or send: a secret, or
+// an output value in a SoftwareSignalSummary.
+const Redacted = "***"
 
 // StartSoftwareRound starts a round of a software deployment under
 // SoftwareWorkflowID (set in opts.ID by the caller along with its memo and
