@@ -102,6 +102,10 @@ type Parameters struct {
 	// Src and Dst describe a sync task: Src's contents are copied to Dst.
 	Src string `json:"src,omitempty" yaml:"src,omitempty"`
 	Dst string `json:"dst,omitempty" yaml:"dst,omitempty"`
+	// Jig says how a task that runs on its node reaches it: "agent" (the
+	// default, the node's agent) or "ssh" (the worker, over SSH with the
+	// node's SSH settings).
+	Jig string `json:"jig,omitempty" yaml:"jig,omitempty"`
 }
 
 // CrossDep is one cross-node dependency of a task.

@@ -59,6 +59,7 @@ const (
 	LoadNodePlanActivity         = "LoadNodePlan" // local activity
 	RunTaskOnNodeActivity        = "RunTaskOnNode"
 	RunOnOrchestratorActivity    = "RunOnOrchestrator"
+	RunOverSSHActivity           = "RunOverSSH"
 	RecordRunFailureActivity     = "RecordRunFailure"
 	CancelRunsActivity           = "CancelRuns"
 	CheckRunStatesActivity       = "CheckRunStates" // local activity
@@ -86,6 +87,7 @@ var ActivityNames = []string{
 	FinishTransactionActivity, RecordNoOpActivity, FinishNodeGraphActivity, NodeBootIDActivity, RunDeliveryActivity,
 	AwaitRebootActivity, AnnealActivity, RecoverTransitionsActivity, PrepareNodeRoleRunActivity,
 	FinishNodeRoleRunActivity, BootstrapNodeActivity, PrepareSoftwareRoundActivity, FinishSoftwareRoundActivity,
+	RunOverSSHActivity,
 }
 
 // WorkflowNames lists every workflow type name, for the test that checks
