@@ -302,6 +302,7 @@ func (x *sshExec) run(ctx context.Context, res protocol.RunResult) protocol.RunR
 	// unanswered keepalives: every blocked read below then returns.
 	var mu sync.Mutex
 	var lost error
+	stopping := make(chan struct{}, 1)
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -316,6 +317,13 @@ func (x *sshExec) run(ctx context.Context, res protocol.RunResult) protocol.RunR
 				client.Close()
 				return
 			case <-runCtx.Done():
+				// Ask the wrapper to stop the command's group, then give up
+				// on the connection.
+				stopping <- struct{}{}
+				select {
+				case <-done:
+				case <-time.After(sshStopGrace):
+				}
 				client.Close()
 				return
 			case err := <-answered:
@@ -363,21 +371,55 @@ func (x *sshExec) run(ctx context.Context, res protocol.RunResult) protocol.RunR
 	}
 
 	dir := fmt.Sprintf(".anneal/runs/%d.%d", x.item.RunID, x.item.Attempt)
+	// A fresh run directory, with the attributes of a noderole's run.
+	prep, err := client.NewSession()
+	if err != nil {
+		res.Error = why(err)
+		lf.comment("%s", res.Error)
+		return res
+	}
+	prepare := fmt.Sprintf("cd && rm -rf %[1]s && mkdir -p %[1]s && : > %[1]s/outputs", dir)
+	if x.item.Attrs != nil {
+		prepare += fmt.Sprintf(" && cat > %[1]s/attrs.json && : > %[1]s/attrs_out.json", dir)
+		prep.Stdin = bytes.NewReader(x.item.Attrs)
+	}
+	var prepErr bytes.Buffer
+	prep.Stderr = &prepErr
+	err = prep.Run(prepare)
+	prep.Close()
+	if err != nil {
+		res.Error = fmt.Sprintf("cannot prepare the run's directory ~/%s on node %s: %s", dir, x.node.Name, strings.TrimSpace(prepErr.String()))
+		if _, ok := err.(*ssh.ExitError); !ok {
+			res.Error = why(err)
+		}
+		lf.comment("%s", res.Error)
+		return res
+	}
 	sess, err := client.NewSession()
 	if err != nil {
 		res.Error = why(err)
 		lf.comment("%s", res.Error)
 		return res
 	}
+	// The wrapper watches its stdin: closing it (a timeout, a
+	// cancellation) or losing the connection stops the command's group.
+	stdin, err := sess.StdinPipe()
+	if err != nil {
+		res.Error = why(err)
+		return res
+	}
+	go func() {
+		select {
+		case <-stopping:
+			stdin.Close()
+		case <-done:
+		}
+	}()
 	stdoutTail, stderrTail := newByteTail(protocol.MaxTailBytes), newByteTail(protocol.MaxTailBytes)
 	sess.Stdout = io.MultiWriter(stdoutTail, lf.stream("out| "))
 	sess.Stderr = io.MultiWriter(stderrTail, lf.stream("err| "))
-	if x.item.Attrs != nil {
-		sess.Stdin = bytes.NewReader(x.item.Attrs)
-	} else {
-		sess.Stdin = strings.NewReader("")
-	}
 	waitErr := sess.Run(x.script(dir))
+	stdin.Close()
 	sess.Close()
 	var exitErr *ssh.ExitError
 	var missing *ssh.ExitMissingError
@@ -394,6 +436,12 @@ func (x *sshExec) run(ctx context.Context, res protocol.RunResult) protocol.RunR
 		lf.comment("%s", res.Error)
 		res.StdoutTail, res.StderrTail = stdoutTail.String(), stderrTail.String()
 		return res
+	}
+	if runCtx.Err() != nil || func() bool { mu.Lock(); defer mu.Unlock(); return lost != nil }() {
+		// Stopped by the worker (timeout, cancellation): whatever code the
+		// stopped command left is not its own.
+		res.ExitCode = -1
+		problems = append(problems, why(waitErr))
 	}
 	// Read back what the command wrote, then clean up.
 	outputs, err := x.readFile(client, dir+"/outputs", daemon.MaxOutputsBytes)
@@ -421,9 +469,12 @@ func (x *sshExec) run(ctx context.Context, res protocol.RunResult) protocol.RunR
 
 var errSSHTimedOut = errors.New("ssh run timed out")
 
-// script is what the remote shell runs: a fresh run directory, the
-// attributes (sent on stdin) for a noderole's run, the environment an
-// agent's command gets, then the command with /bin/sh -c.
+// sshStopGrace is how long a stopped run's wrapper has to stop its command
+// (SIGTERM, then SIGKILL after 2 s) before the connection is closed.
+const sshStopGrace = 4 * time.Second
+
+// script is what the remote shell runs in the prepared run directory: the
+// environment an agent's command gets, then the command with /bin/sh -c.
 func (x *sshExec) script(dir string) string {
 	env := map[string]string{}
 	for k, v := range x.item.Env {
@@ -441,16 +492,24 @@ func (x *sshExec) script(dir string) string {
 	}
 	sort.Strings(keys)
 	var b strings.Builder
-	fmt.Fprintf(&b, "cd && rm -rf %[1]s && mkdir -p %[1]s && : > %[1]s/outputs || exit 125\n", dir)
+	b.WriteString("cd || exit 125\n")
 	b.WriteString("ANNEAL_WORKDIR=\"$HOME/.anneal\"; ANNEAL_OUTPUTS=\"$HOME/" + dir + "/outputs\"; export ANNEAL_WORKDIR ANNEAL_OUTPUTS\n")
 	if x.item.Attrs != nil {
-		fmt.Fprintf(&b, "cat > %[1]s/attrs.json && : > %[1]s/attrs_out.json || exit 125\n", dir)
 		b.WriteString("ANNEAL_ATTRS=\"$HOME/" + dir + "/attrs.json\"; ANNEAL_ATTRS_OUT=\"$HOME/" + dir + "/attrs_out.json\"; export ANNEAL_ATTRS ANNEAL_ATTRS_OUT\n")
 	}
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s=%s; export %s\n", k, shellQuote(env[k]), k)
 	}
-	fmt.Fprintf(&b, "cd \"$ANNEAL_WORKDIR\" && exec /bin/sh -c %s </dev/null\n", shellQuote(x.item.Command))
+	// The command runs in a session (setsid) of its own, so that a stop
+	// reaches all it started, as the agent stops a command's group. A
+	// watcher reads the wrapper's stdin (kept on fd 3: an asynchronous
+	// list's stdin is /dev/null): when the worker closes it, or the
+	// connection is gone, the group gets SIGTERM, then SIGKILL after 2 s.
+	b.WriteString("cd \"$ANNEAL_WORKDIR\" || exit 125\nexec 3<&0\n")
+	fmt.Fprintf(&b, "if command -v setsid >/dev/null 2>&1; then setsid /bin/sh -c %[1]s </dev/null & else /bin/sh -c %[1]s </dev/null & fi\n", shellQuote(x.item.Command))
+	b.WriteString("job=$!\n")
+	b.WriteString("(cat <&3 >/dev/null; kill -TERM -$job 2>/dev/null || kill -TERM $job 2>/dev/null; sleep 2; kill -KILL -$job 2>/dev/null || kill -KILL $job 2>/dev/null) >/dev/null 2>&1 &\n")
+	b.WriteString("watch=$!\nexec 3<&-\nwait $job\nrc=$?\nkill $watch 2>/dev/null\nexit $rc\n")
 	return b.String()
 }
 
