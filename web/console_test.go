@@ -41,7 +41,7 @@ var (
 		"POST /api/v1/nodes/{id}/tags":                    true, // tag
 		"DELETE /api/v1/nodes/{id}/tags":                  true, // tag
 	}
-	matrixAdminReads = map[string]bool{"GET /api/v1/tokens": true}
+	matrixAdminReads = map[string]bool{"GET /api/v1/tokens": true, "GET /api/v1/nodes/{id}/ssh": true}
 )
 
 // mayUse says whether a principal may use an operation of the document.
