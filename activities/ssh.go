@@ -73,8 +73,15 @@ func (a *Activities) RunOverSSH(ctx context.Context, in contract.RunTaskInput) (
 	}
 	beat, stop := context.WithCancel(ctx)
 	defer stop()
+	// Heartbeat well within the activity's heartbeat timeout (the SDK
+	// throttles what it sends).
+	every := 5 * time.Second
+	if hb := activity.GetInfo(ctx).HeartbeatTimeout; hb > 0 && hb/3 < every {
+		every = max(hb/3, 100*time.Millisecond)
+	}
+	activity.RecordHeartbeat(ctx)
 	go func() {
-		t := time.NewTicker(5 * time.Second)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {

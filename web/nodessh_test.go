@@ -112,3 +112,45 @@ func TestSSHJigEndToEnd(t *testing.T) {
 	assert.Contains(t, install.Error, ssh.FingerprintSHA256(sshd.HostKey))
 	assert.Equal(t, contract.RunBlocked, runs["verify@"+node].State)
 }
+
+// sshRoles: two Crowbar roles on the ssh jig; the child sees the wall its
+// parent handed back through $ANNEAL_ATTRS_OUT.
+const sshRoles = `
+name: crowssh
+version: "1"
+roles_metadata:
+  base-ssh:
+    jig: ssh
+    script: |
+      printf '{"ssh": {"seen": "%s"}}' "$ANNEAL_NODE" > "$ANNEAL_ATTRS_OUT"
+  app-ssh:
+    jig: ssh
+    requires: [base-ssh]
+    script: |
+      grep -q '"seen"' "$ANNEAL_ATTRS" && echo parent wall seen
+`
+
+// TestSSHJigNodeRoles: the annealer runs roles of the ssh jig on a node
+// without an agent, over SSH, in dependency order, with the attributes
+// going there and back as through an agent.
+func TestSSHJigNodeRoles(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{})
+	sshd := testenv.StartSSHD(t)
+	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken, testenv.YAML(sshRoles), nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "crow", "release": "crowssh"}, nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	node := nodeName("far")
+	status, body = st.Do(t, http.MethodPost, "/api/v1/nodes", map[string]any{"name": node, "deployment": "crow"}, nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	status, body = st.Do(t, http.MethodPut, "/api/v1/nodes/"+node+"/ssh", map[string]any{
+		"user": sshd.User, "port": sshd.Port, "host": sshd.Host, "private_key": sshd.ClientKey, "known_hosts": sshd.KnownHostsLine}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+
+	bindAll(t, st, "crow", "base-ssh@far", "app-ssh@far")
+	nrs := waitActive(t, st, "crow", "base-ssh@far", "app-ssh@far")
+	before(t, getNodeRole(t, st, nrs["base-ssh@far"].ID), getNodeRole(t, st, nrs["app-ssh@far"].ID))
+	assert.Equal(t, map[string]any{"ssh": map[string]any{"seen": node}}, nrs["base-ssh@far"].Wall)
+	app := getNodeRole(t, st, nrs["app-ssh@far"].ID)
+	assert.Equal(t, "parent wall seen\n", app.LastRun.StdoutTail)
+}

@@ -622,7 +622,14 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 			Take(&node, nodeID[0]).Error; err != nil {
 			return fmt.Errorf("lock node %d: %w", nodeID[0], err)
 		}
-		if annealer && (!node.Alive || !node.Available || !node.Allocated) {
+		// The ssh jig reaches a node without an agent: "alive" does not
+		// apply to its roles.
+		var jig []string
+		if err := tx.Raw("SELECT r.jig FROM noderoles nr JOIN roles r ON r.id = nr.role_id WHERE nr.id = ?", id).Scan(&jig).Error; err != nil {
+			return fmt.Errorf("load the jig of noderole %d: %w", id, err)
+		}
+		alive := node.Alive || (len(jig) == 1 && jig[0] == contract.RoleJigSSH)
+		if annealer && (!alive || !node.Available || !node.Allocated) {
 			return &models.ConflictError{Reason: fmt.Sprintf("node %s is not alive, available and allocated (alive %t, available %t, allocated %t)",
 				node.Name, node.Alive, node.Available, node.Allocated)}
 		}
