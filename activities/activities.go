@@ -28,6 +28,7 @@ type Activities struct {
 	Runs      Runs
 	Plans     Plans
 	LocalRuns LocalRuns
+	SSH       SSHRuns
 	Reboots   Reboots
 	NodeRoles NodeRoles
 	Software  SoftwareRounds
@@ -35,6 +36,9 @@ type Activities struct {
 	// OrchestratorDir is where master_shell tasks run (a directory per
 	// node); default <tmp>/anneal-orchestrator.
 	OrchestratorDir string
+	// SSHKeepalive is the ssh jig's keepalive interval: a connection
+	// silent for three of them is dead and its run fails (0: 10 s).
+	SSHKeepalive time.Duration
 	// Temporal and TaskQueue let the annealer's activities start noderole
 	// runs and wake the annealer.
 	Temporal  client.Client

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/anneal-dev/anneal/agent/daemon"
@@ -30,7 +31,25 @@ func main() {
 	flag.StringVar(&cfg.RebootCommand, "reboot-command", "", `command that reboots the machine for a reboot task (e.g. "systemctl reboot"); empty simulates a reboot`)
 	flag.BoolVar(&debug, "debug", false, "log at debug level")
 	flag.BoolVar(&jsonLogs, "log-json", false, "log as JSON lines")
+	var audreyUUID, audreyTokenFile, audreyConfigFile string
+	flag.StringVar(&audreyUUID, "audrey-instance", "", "uuid of the deployable instance this node is (speaks the config-server protocol)")
+	flag.StringVar(&audreyTokenFile, "audrey-token-file", "", "file holding the instance's credential (from the deployable's import)")
+	flag.StringVar(&audreyConfigFile, "audrey-config", "", "the instance-config document the instance was launched with, POSTed first (optional)")
 	flag.Parse()
+	if audreyUUID != "" {
+		tok, err := os.ReadFile(audreyTokenFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "anneal-agent: -audrey-instance needs -audrey-token-file:", err)
+			os.Exit(2)
+		}
+		cfg.Audrey = &daemon.AudreyConfig{UUID: audreyUUID, Token: strings.TrimSpace(string(tok))}
+		if audreyConfigFile != "" {
+			if cfg.Audrey.ConfigXML, err = os.ReadFile(audreyConfigFile); err != nil {
+				fmt.Fprintln(os.Stderr, "anneal-agent: -audrey-config:", err)
+				os.Exit(2)
+			}
+		}
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = cfg.Address
 	}

@@ -47,6 +47,16 @@ func test(ctx context.Context, root, state string, args []string, log *slog.Logg
 	}
 	defer tmp.Close()
 
+	// The ssh jig's tests start a real sshd; without one they fail saying
+	// what to install (FindSSHD's error, in ANNEAL_TEST_SSHD_MISSING).
+	sshdEnv := testenv.EnvSSHD + "="
+	if sshd, err := devenv.FindSSHD(ctx, log); err != nil {
+		log.Warn("the ssh jig's tests will fail", "error", err)
+		sshdEnv = testenv.EnvSSHDMissing + "=" + err.Error()
+	} else {
+		sshdEnv += sshd
+	}
+
 	goArgs := []string{"test", "-race", "-count=1", "-timeout=30m"}
 	if len(args) == 0 {
 		args = []string{"./..."}
@@ -72,6 +82,7 @@ func test(ctx context.Context, root, state string, args []string, log *slog.Logg
 		testenv.EnvTemplate+"="+template,
 		testenv.EnvTemporal+"="+tmp.Address,
 		testenv.EnvRequire+"=1",
+		sshdEnv,
 	)
 	cmd.Env = append(cmd.Env, browserEnv...)
 	if err := cmd.Run(); err != nil {

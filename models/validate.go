@@ -176,8 +176,8 @@ func ValidTagEntry(field, s string, regex bool) error {
 }
 
 // KnownJigs are the jigs a role may name: the ones anneal runs (agent,
-// local, noop) and Crowbar's others, which import but never become active.
-var KnownJigs = []string{"agent", "local", "noop", "chef", "puppet", "salt", "ansible", "script", "test"}
+// local, noop, ssh) and Crowbar's others, which import but never become active.
+var KnownJigs = []string{"agent", "local", "noop", "ssh", "chef", "puppet", "salt", "ansible", "script", "test"}
 
 // clip shortens a value quoted back in an error.
 func Clip(s string) string {

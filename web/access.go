@@ -52,7 +52,8 @@ var operatorRoutes = map[string]bool{
 
 // adminReads are the reads only an admin may make.
 var adminReads = map[string]bool{
-	"GET /api/v1/tokens": true,
+	"GET /api/v1/tokens":        true,
+	"GET /api/v1/nodes/:id/ssh": true,
 }
 
 // routeAccess is what the route (Echo's path template) needs.

@@ -17,7 +17,8 @@ import (
 // configServerRoutes: Audrey's config server, at the root exactly as in the
 // seed. Bodies are the seed's XML documents:
 //
-//	POST /configs/:uuid  <instance-config> → 201 stored, 400 invalid, 404 unknown uuid (admin token: Conductor's role)
+//	POST /configs/:uuid  <instance-config> → 201 stored, 400 invalid, 404 unknown uuid (an admin token, Conductor's
+//	                       role, or the instance's own credential: the agent posts the config it was launched with)
 //	GET  /configs/:uuid  → 200 complete <instance-config> with references resolved to values,
 //	                       202 partial (resolved so far; unresolved parameters keep their <reference>),
 //	                       204 partial but the assembly/service does not allow partial configs, 404
@@ -26,21 +27,23 @@ import (
 //	PUT  /reply/:uuid    <provided-parameters> with a <value> per <provided-parameter> → 200, 400, 404
 //
 // An instance authenticates with the bearer credential it got at import
-// (401 without a valid one, 403 with another instance's); an admin token is
-// accepted too (operators inspecting, Conductor posting configs).
+// (401 without a valid one); an admin token is accepted too (operators
+// inspecting, Conductor posting configs). An instance speaking for another
+// instance's uuid gets the seed's 404 (that uuid is not known to it) and
+// changes nothing.
 func (s *Server) configServerRoutes(e *echo.Echo) {
-	e.POST("/configs/:uuid", s.postConfig, s.instanceAuth(true))
-	e.GET("/configs/:uuid", s.getConfig, s.instanceAuth(false))
-	e.GET("/params/:uuid", s.getParams, s.instanceAuth(false))
-	e.PUT("/reply/:uuid", s.putReply, s.instanceAuth(false))
+	e.POST("/configs/:uuid", s.postConfig, s.instanceAuth())
+	e.GET("/configs/:uuid", s.getConfig, s.instanceAuth())
+	e.GET("/params/:uuid", s.getParams, s.instanceAuth())
+	e.PUT("/reply/:uuid", s.putReply, s.instanceAuth())
 }
 
 const instanceKey = "audrey_instance"
 
-// instanceAuth admits the instance's own credential (unless adminOnly) or
-// an admin token. Order: no valid credential 401, unknown uuid 404, another
-// instance's credential 403.
-func (s *Server) instanceAuth(adminOnly bool) echo.MiddlewareFunc {
+// instanceAuth admits the instance's own credential or an admin token.
+// Order: no valid credential 401, unknown uuid 404, another instance's
+// uuid 404 too (as the seed answers an unknown uuid).
+func (s *Server) instanceAuth() echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			ctx := c.Request().Context()
@@ -77,13 +80,8 @@ func (s *Server) instanceAuth(adminOnly bool) echo.MiddlewareFunc {
 			if err != nil {
 				return err
 			}
-			if !admin {
-				if adminOnly {
-					return apiError(http.StatusForbidden, "forbidden", "instance configurations are posted with an admin token, not an instance's")
-				}
-				if models.HashSecret(token) != in.TokenHash {
-					return apiError(http.StatusForbidden, "forbidden", "this credential belongs to another instance")
-				}
+			if !admin && models.HashSecret(token) != in.TokenHash {
+				return apiError(http.StatusNotFound, "not_found", "no instance "+c.Param("uuid")+" for this credential: an instance speaks only for its own uuid")
 			}
 			c.Set(instanceKey, in)
 			return next(c)

@@ -191,15 +191,16 @@ func TestConfigServerEndToEnd(t *testing.T) {
 
 	db, app1, app2 := inst["db"], inst["app1"], inst["app2"]
 
-	// Credentials: none 401, garbage 401, another instance's 403, unknown uuid 404.
+	// Credentials: none 401, garbage 401, another instance's uuid 404 (the
+	// seed's code: that uuid is not known to this instance), unknown uuid 404.
 	code, _ = raw(t, http.MethodGet, st.URL+"/configs/"+db.uuid, "", "", "")
 	assert.Equal(t, http.StatusUnauthorized, code)
 	code, _ = raw(t, http.MethodGet, st.URL+"/configs/"+db.uuid, "", "aud_nope", "")
 	assert.Equal(t, http.StatusUnauthorized, code)
 	code, _ = raw(t, http.MethodGet, st.URL+"/configs/"+db.uuid, "", app1.token, "")
-	assert.Equal(t, http.StatusForbidden, code)
+	assert.Equal(t, http.StatusNotFound, code)
 	code, _ = raw(t, http.MethodPut, st.URL+"/reply/"+db.uuid, "application/xml", app1.token, `<provided-parameters><provided-parameter name="db_host"><value>evil</value></provided-parameter></provided-parameters>`)
-	assert.Equal(t, http.StatusForbidden, code)
+	assert.Equal(t, http.StatusNotFound, code)
 	for _, path := range []string{"/configs/", "/params/"} {
 		code, _ = raw(t, http.MethodGet, st.URL+path+"00000000-0000-0000-0000-000000000000", "", db.token, "")
 		assert.Equal(t, http.StatusNotFound, code, path)
@@ -278,7 +279,8 @@ func TestConfigServerEndToEnd(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 
 	// Conductor (admin token) posts a new instance config for app2: 201;
-	// an instance may not; an invalid document is 400; unknown uuid 404.
+	// another instance may not (404: not its uuid); an invalid document is
+	// 400; unknown uuid 404.
 	newConfig := `<instance-config id="` + app2.uuid + `" type="app-server-partial" name="app2">
   <deployable name="shop" id="` + imp.UUID + `"/>
   <template name="app-tpl"/>
@@ -290,8 +292,8 @@ func TestConfigServerEndToEnd(t *testing.T) {
 </instance-config>`
 	code, body = raw(t, http.MethodPost, st.URL+"/configs/"+app2.uuid, "application/xml", st.AdminToken, newConfig)
 	assert.Equal(t, http.StatusCreated, code, body)
-	code, _ = raw(t, http.MethodPost, st.URL+"/configs/"+app2.uuid, "application/xml", app2.token, newConfig)
-	assert.Equal(t, http.StatusForbidden, code)
+	code, _ = raw(t, http.MethodPost, st.URL+"/configs/"+app2.uuid, "application/xml", app1.token, newConfig)
+	assert.Equal(t, http.StatusNotFound, code)
 	code, body = raw(t, http.MethodPost, st.URL+"/configs/"+app2.uuid, "application/xml", st.AdminToken, "<instance-config id=")
 	assert.Equal(t, http.StatusBadRequest, code, body)
 	code, body = raw(t, http.MethodPost, st.URL+"/configs/"+app2.uuid, "application/xml", st.AdminToken,

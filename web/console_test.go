@@ -44,7 +44,7 @@ var (
 		"POST /api/v1/codec/decode":                       true, // read payloads in the Web UI
 		"POST /api/v1/codec/encode":                       true, // the codec server's other half
 	}
-	matrixAdminReads = map[string]bool{"GET /api/v1/tokens": true}
+	matrixAdminReads = map[string]bool{"GET /api/v1/tokens": true, "GET /api/v1/nodes/{id}/ssh": true}
 )
 
 // mayUse says whether a principal may use an operation of the document.

@@ -103,6 +103,8 @@ func TestImportDeployableErrors(t *testing.T) {
 	db := instanceClient{t: t, base: st.URL, uuid: imp.Instances[0].UUID, token: imp.Instances[0].Token}
 	code, _ = web.getConfig()
 	assert.Equal(t, http.StatusAccepted, code)
+	code, _ = db.getConfig() // in turn: a reply comes after the instance's config
+	assert.Equal(t, http.StatusOK, code)
 	code, _ = db.reply(`<provided-parameters><provided-parameter name="db_host"><value>db.local</value></provided-parameter></provided-parameters>`)
 	assert.Equal(t, http.StatusOK, code)
 	code, body = web.getConfig()

@@ -126,6 +126,7 @@ func New(cfg Config) *Server {
 	admin.GET("/nodes/:id", s.getNode)
 	admin.PATCH("/nodes/:id", s.updateNode)
 	admin.DELETE("/nodes/:id", s.deleteNode)
+	s.nodeSSHRoutes(admin)
 	admin.GET("/deployments", s.listDeployments)
 	admin.POST("/deployments", s.createDeployment)
 	admin.GET("/deployments/:id", s.getDeployment)

@@ -128,8 +128,10 @@ func NodeRoleRun(ctx workflow.Context, in contract.NodeRoleRunInput) (*contract.
 			RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 1},
 		})
 		jig := contract.RunTaskOnNodeActivity
-		if plan.Jig == "local" {
+		if plan.Jig == contract.RoleJigLocal {
 			jig = contract.RunOnOrchestratorActivity
+		} else if sshJig(ctx, plan.Jig == contract.RoleJigSSH) {
+			jig = contract.RunOverSSHActivity
 		}
 		input := contract.RunTaskInput{RunID: plan.RunID, Task: plan.Role, Node: plan.Node}
 		err = runOnNode(ctx, actx, jig, input)

@@ -64,6 +64,11 @@ func newNodeRoleEnv(t *testing.T, f *noderoleFake) *testsuite.TestWorkflowEnviro
 			f.record("local")
 			return &contract.RunOutcome{}, f.jig
 		}).Maybe()
+	env.OnActivity(a.RunOverSSH, mock.Anything, mock.Anything).Return(
+		func(context.Context, contract.RunTaskInput) (*contract.RunOutcome, error) {
+			f.record("ssh")
+			return &contract.RunOutcome{}, f.jig
+		}).Maybe()
 	env.OnActivity(a.RecordNoOp, mock.Anything, mock.Anything).Return(
 		func(context.Context, int64) error {
 			f.record("noop")
@@ -114,6 +119,8 @@ func TestNodeRoleRunJigs(t *testing.T) {
 		{"agent reports a failure", "agent", true, "", failed, []string{"prepare", "agent"}, false, "exit code 3"},
 		{"agent lost", "agent", true, "", lost, []string{"prepare", "agent"}, false, "no result from the node's agent"},
 		{"local jig", "local", true, "", nil, []string{"prepare", "local"}, true, ""},
+		{"ssh jig", "ssh", true, "", nil, []string{"prepare", "ssh"}, true, ""},
+		{"ssh jig fails", "ssh", true, "", failed, []string{"prepare", "ssh"}, false, "exit code 3"},
 		{"noop jig", "noop", true, "", nil, []string{"prepare", "noop"}, true, ""},
 		{"nothing to run", "agent", false, "", nil, []string{"prepare", "noop"}, true, ""},
 		{"not awaited any more", "agent", true, "noderole 4 is active", nil, []string{"prepare"}, false, ""},

@@ -259,6 +259,8 @@ func (n *nodeState) execute(ctx workflow.Context, r *contract.NodeRun) error {
 	jig := contract.RunTaskOnNodeActivity
 	if r.OnOrchestrator {
 		jig = contract.RunOnOrchestratorActivity
+	} else if sshJig(ctx, r.OverSSH) {
+		jig = contract.RunOverSSHActivity
 	}
 	var oldBoot string
 	if r.Reboot {

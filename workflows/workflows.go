@@ -29,6 +29,17 @@ const nodeBusyPause = 10 * time.Second
 // before it dispatched, and the task never reached its node.
 const versionRedeliver = "redeliver-undelivered"
 
+// versionSSHJig lets a run (a NodeRun's task with OverSSH, a NodeRoleRun of
+// a role with the ssh jig) go to the RunOverSSH activity (version 1).
+// Histories from before never carry such a run, so the branch is never taken
+// on their replay; the marker keeps it that way should one ever appear.
+const versionSSHJig = "ssh-jig"
+
+// sshJig reports whether a run the plan sends over SSH goes to RunOverSSH.
+func sshJig(ctx workflow.Context, overSSH bool) bool {
+	return overSSH && workflow.GetVersion(ctx, versionSSHJig, workflow.DefaultVersion, 1) >= 1
+}
+
 // maxRedeliveries bounds those: a node whose agent never takes its work
 // fails the run, saying so, instead of holding the transaction for ever.
 const maxRedeliveries = 5

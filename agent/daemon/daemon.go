@@ -99,6 +99,10 @@ type Config struct {
 	// HooksDir holds the software deployment hooks, one executable per
 	// config group (see Hooks); default <WorkDir>/hooks.
 	HooksDir string
+	// Audrey, when set, makes the node a deployable's instance: the agent
+	// also speaks the config-server protocol with the instance's
+	// credential (see RunAudrey).
+	Audrey *AudreyConfig
 }
 
 // ErrCredentialRejected is wrapped by the error Run returns when the API
@@ -182,6 +186,14 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Go(func() { a.heartbeatLoop(actx) })
 	wg.Go(func() { a.softwareLoop(actx) })
 	wg.Go(func() { a.probeLoop(actx) })
+	if cfg.Audrey != nil {
+		wg.Go(func() {
+			err := RunAudrey(actx, a.api.BaseURL, a.workDir, cfg.HooksDir, a.name, *cfg.Audrey, cfg.HTTPClient, a.log)
+			if err != nil && actx.Err() == nil {
+				a.log.Error("the instance's config-server protocol stopped", "error", err)
+			}
+		})
+	}
 	a.workLoop(actx)
 	stop(errAgentStopping)
 	wg.Wait()

@@ -412,7 +412,10 @@ func (s *Store) PendingParams(ctx context.Context, id uuid.UUID) ([]string, erro
 // StoreReply answers PUT /reply/:uuid: it stores the reported values of
 // provided parameters (a value reported again is overwritten but keeps the
 // time it was first reported, which decides match-type first). A parameter
-// the instance does not provide is refused (400).
+// the instance does not provide is refused (400); a reply before the
+// instance ever fetched its config is out of turn (404, the seed's code for
+// a uuid the config server does not know as configuring), and changes
+// nothing.
 func (s *Store) StoreReply(ctx context.Context, id uuid.UUID, values map[string]string, order []string) (*DeployableInstance, error) {
 	var out *DeployableInstance
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -423,6 +426,12 @@ func (s *Store) StoreReply(ctx context.Context, id uuid.UUID, values map[string]
 		}
 		if err != nil {
 			return fmt.Errorf("lock instance %s: %w", id, err)
+		}
+		if in.LastConfigStatus == nil {
+			// Out of turn: the seed's PUT knows only 200 and 404, and an
+			// instance that never fetched its config is not configuring yet.
+			return fmt.Errorf("instance %s (%s) has not fetched its configuration yet (GET /configs/%s first), so a reply is out of turn: %w",
+				id, in.Name, id, models.ErrNotFound)
 		}
 		for i, name := range order {
 			if !in.Config.Provides(name) {
@@ -519,6 +528,10 @@ type InstanceView struct {
 	MissingInputs   []string `json:"missing_inputs"`
 	PendingProvided []string `json:"pending_provided"`
 	Token           string   `json:"token,omitempty"` // only in the import answer
+	// ConfigXML is the instance's <instance-config> document, only in the
+	// import answer: with Token, what the instance is launched with (its
+	// agent POSTs it to /configs/:uuid).
+	ConfigXML string `json:"config_xml,omitempty"`
 }
 
 // ViewDeployable assembles the API view; nodes maps node ids to nodes
@@ -550,6 +563,9 @@ func (s *Store) ViewDeployable(ctx context.Context, d *Deployable, insts []Deplo
 		res := aeolus.Resolve(configs, i, replies)
 		iv := InstanceView{DeployableInstance: in, Status: in.Status(), MissingInputs: res.Missing,
 			PendingProvided: aeolus.PendingProvided(&configs[i], replies), Token: tokens[in.UUID]}
+		if tokens != nil {
+			iv.ConfigXML = string(aeolus.InstanceConfigXML(&configs[i]))
+		}
 		if iv.MissingInputs == nil {
 			iv.MissingInputs = []string{}
 		}

@@ -72,6 +72,16 @@ func TestImportDeployableStore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusNoContent, status)
 
+	// A reply before the instance fetched its config is out of turn: not
+	// found (the seed's 404), and nothing is stored.
+	_, err = store.StoreReply(ctx, srcB.UUID, map[string]string{"out": "early"}, []string{"out"})
+	require.ErrorIs(t, err, models.ErrNotFound)
+	for _, in := range []audrey.DeployableInstance{src, srcB} {
+		_, status, err := store.FetchConfig(ctx, in.UUID)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+	}
+
 	// match-type first: the earliest report wins and stays even when
 	// another source reports later or the first one reports again.
 	_, err = store.StoreReply(ctx, srcB.UUID, map[string]string{"out": "b"}, []string{"out"})
@@ -94,7 +104,7 @@ func TestImportDeployableStore(t *testing.T) {
 	require.NoError(t, err)
 	view, err := store.ViewDeployable(ctx, d, insts, nil)
 	require.NoError(t, err)
-	assert.Equal(t, audrey.InstanceWaiting, view.Instances[0].Status)
+	assert.Equal(t, audrey.InstanceComplete, view.Instances[0].Status)
 	// sink has its config but has not reported its own "out"
 	assert.Equal(t, audrey.InstanceConfigured, view.Instances[2].Status)
 	assert.Equal(t, []string{"out"}, view.Instances[2].PendingProvided)

@@ -130,7 +130,7 @@ func announce(ctx context.Context, tx *gorm.DB, ids ...int64) error {
 }
 
 // ActiveJigs are the jigs that can run roles now.
-var ActiveJigs = map[string]bool{"agent": true, "local": true, "noop": true}
+var ActiveJigs = map[string]bool{"agent": true, "local": true, "noop": true, "ssh": true}
 
 // JigActive reports whether a jig can run roles.
 func JigActive(jig string) bool { return ActiveJigs[jig] }
@@ -551,8 +551,10 @@ func (s *Store) NextNodeRoles(ctx context.Context, deploymentID int64, limit int
 			SELECT DISTINCT ON (nr.node_id) nr.*
 			FROM noderoles nr
 			JOIN snapshots s ON s.id = nr.snapshot_id AND s.state = 'committed'
-			JOIN nodes n ON n.id = nr.node_id AND n.alive AND n.available AND n.allocated
 			JOIN roles r ON r.id = nr.role_id AND r.jig IN ?
+			-- the ssh jig reaches a node without an agent: "alive" (its
+			-- agent phoning home) does not apply to it
+			JOIN nodes n ON n.id = nr.node_id AND (n.alive OR r.jig = 'ssh') AND n.available AND n.allocated
 			WHERE nr.state = 'todo' AND (? = 0 OR s.deployment_id = ?)
 			  AND NOT EXISTS (SELECT 1 FROM noderoles t WHERE t.node_id = nr.node_id AND t.state = 'transition')
 			  AND NOT EXISTS (SELECT 1 FROM task_runs b JOIN transactions x ON x.id = b.transaction_id
@@ -620,7 +622,14 @@ func (s *Store) startNodeRole(ctx context.Context, id int64, annealer bool, star
 			Take(&node, nodeID[0]).Error; err != nil {
 			return fmt.Errorf("lock node %d: %w", nodeID[0], err)
 		}
-		if annealer && (!node.Alive || !node.Available || !node.Allocated) {
+		// The ssh jig reaches a node without an agent: "alive" does not
+		// apply to its roles.
+		var jig []string
+		if err := tx.Raw("SELECT r.jig FROM noderoles nr JOIN roles r ON r.id = nr.role_id WHERE nr.id = ?", id).Scan(&jig).Error; err != nil {
+			return fmt.Errorf("load the jig of noderole %d: %w", id, err)
+		}
+		alive := node.Alive || (len(jig) == 1 && jig[0] == contract.RoleJigSSH)
+		if annealer && (!alive || !node.Available || !node.Allocated) {
 			return &models.ConflictError{Reason: fmt.Sprintf("node %s is not alive, available and allocated (alive %t, available %t, allocated %t)",
 				node.Name, node.Alive, node.Available, node.Allocated)}
 		}

@@ -327,7 +327,7 @@ func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64
 		index[r.ID] = i
 		out.Runs = append(out.Runs, contract.NodeRun{
 			ID: r.ID, Task: r.TaskName, State: r.State, TimeoutSec: r.Spec.TimeoutSec, Retries: r.Spec.Retries,
-			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator, Reboot: r.TaskType == TaskReboot,
+			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator, OverSSH: r.Spec.Jig == JigSSH, Reboot: r.TaskType == TaskReboot,
 		})
 	}
 	const edgeSQL = `

@@ -20,6 +20,8 @@ const (
 	JigOrchestrator = "orchestrator"
 	// JigNone has nothing to execute.
 	JigNone = "none"
+	// JigSSH runs it in the worker on the node over SSH (parameters.jig).
+	JigSSH = "ssh"
 )
 
 // Task types beyond shell (Fuel's special tasks).
@@ -136,6 +138,19 @@ func runSpec(t *plan.Task) (models.RunSpec, error) {
 		// for the node to come back with a new boot id.
 	default:
 		return spec, fmt.Errorf("task %q: unknown task type %q", t.ID, t.Type)
+	}
+	switch p.Jig {
+	case "", JigAgent:
+	case JigSSH:
+		// Only what the agent would run as a shell command goes over SSH;
+		// a reboot waits for the agent's new boot id.
+		if spec.Jig == JigAgent && t.Kind() != TaskReboot {
+			spec.Jig = JigSSH
+		} else if spec.Jig != JigNone {
+			return spec, fmt.Errorf("task %q: a %s task cannot use parameters.jig ssh", t.ID, t.Kind())
+		}
+	default:
+		return spec, fmt.Errorf("task %q: parameters.jig must be agent or ssh, not %q", t.ID, p.Jig)
 	}
 	return spec, nil
 }
@@ -274,6 +289,9 @@ func validateTask(field string, t *plan.Task) error {
 		if strings.TrimSpace(p.Cmd) == "" {
 			return bad(models.Invalid(params+".cmd", "a master_shell task needs a command"))
 		}
+	}
+	if err := models.OneOf(params+".jig", p.Jig, "", JigAgent, JigSSH); err != nil {
+		return bad(err)
 	}
 	// What the run would execute: the same rules planning applies.
 	if _, err := runSpec(t); err != nil {

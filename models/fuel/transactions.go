@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -250,9 +251,16 @@ func plannableNodes(tx *gorm.DB, deploymentID int64) ([]plan.Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A node the worker reaches over SSH (it has a key) needs no agent:
+	// "alive" (its agent phoning home) does not apply to it.
+	var viaSSH []int64
+	if err := tx.Model(&models.NodeSSH{}).Where("private_key <> '' AND node_id IN (SELECT id FROM nodes WHERE deployment_id = ?)", deploymentID).
+		Pluck("node_id", &viaSSH).Error; err != nil {
+		return nil, fmt.Errorf("load the ssh nodes of deployment %d: %w", deploymentID, err)
+	}
 	out := make([]plan.Node, 0, len(nodes))
 	for _, n := range nodes {
-		if n.Allocated && n.Alive && n.Available {
+		if n.Allocated && (n.Alive || slices.Contains(viaSSH, n.ID)) && n.Available {
 			out = append(out, plan.Node{ID: n.ID, Name: n.Name, Tags: append(plan.NodeTags(n.Roles, n.Tags), primary[n.ID]...)})
 		}
 	}

@@ -108,6 +108,10 @@ type Parameters struct {
 	// node's agent claims the run, for that run only, and redacted from
 	// what comes back.
 	Secrets map[string]SecretRef `json:"secrets,omitempty" yaml:"secrets,omitempty"`
+	// Jig says how a task that runs on its node reaches it: "agent" (the
+	// default, the node's agent) or "ssh" (the worker, over SSH with the
+	// node's SSH settings).
+	Jig string `json:"jig,omitempty" yaml:"jig,omitempty"`
 }
 
 // SecretRef names a secret of the deployment.

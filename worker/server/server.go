@@ -221,7 +221,7 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, heartbea
 	workflows.Register(w)
 	plans := fuel.New(store)
 	w.RegisterActivity(&activities.Activities{
-		Runs: store, Plans: plans, LocalRuns: plans, Reboots: store,
+		Runs: store, Plans: plans, LocalRuns: plans, SSH: plans, Reboots: store,
 		NodeRoles: crowbar.New(store), Software: heat.New(store),
 		Log: logger, Temporal: tc, TaskQueue: taskQueue, HeartbeatTimeoutSec: heartbeatTimeoutSec,
 	})

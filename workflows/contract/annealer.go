@@ -40,6 +40,7 @@ const (
 	RoleJigAgent = "agent" // the node's agent, through the task-run queue
 	RoleJigLocal = "local" // the worker itself
 	RoleJigNoop  = "noop"  // nothing to run
+	RoleJigSSH   = "ssh"   // the worker, on the node over SSH
 )
 
 // AnnealerWorkflowID is the ID of the installation's annealer workflow.

@@ -64,6 +64,7 @@ const (
 	LoadNodePlanActivity         = "LoadNodePlan" // local activity
 	RunTaskOnNodeActivity        = "RunTaskOnNode"
 	RunOnOrchestratorActivity    = "RunOnOrchestrator"
+	RunOverSSHActivity           = "RunOverSSH"
 	RecordRunFailureActivity     = "RecordRunFailure"
 	CancelRunsActivity           = "CancelRuns"
 	CheckRunStatesActivity       = "CheckRunStates" // local activity
@@ -93,6 +94,7 @@ var ActivityNames = []string{
 	AwaitRebootActivity, AnnealActivity, RecoverTransitionsActivity, PrepareNodeRoleRunActivity,
 	FinishNodeRoleRunActivity, BootstrapNodeActivity, PrepareSoftwareRoundActivity, FinishSoftwareRoundActivity,
 	RemoveSoftwareActivity,
+	RunOverSSHActivity,
 }
 
 // WorkflowNames lists every workflow type name, for the test that checks

@@ -180,6 +180,8 @@ type NodeRun struct {
 	// OnOrchestrator runs in the worker, not on the node (master_shell,
 	// move_to_bootstrap).
 	OnOrchestrator bool `json:"on_orchestrator,omitempty"`
+	// OverSSH is run by the worker on the node over SSH (the ssh jig).
+	OverSSH bool `json:"over_ssh,omitempty"`
 	// Reboot waits, after the agent's report, for a new boot id.
 	Reboot bool `json:"reboot,omitempty"`
 }
@@ -199,7 +201,8 @@ type NodePlan struct {
 	RemoteStates map[int64]string `json:"remote_states,omitempty"`
 }
 
-// RunTaskInput names the run to execute (RunTaskOnNode, RunOnOrchestrator).
+// RunTaskInput names the run to execute (RunTaskOnNode, RunOnOrchestrator,
+// RunOverSSH).
 type RunTaskInput struct {
 	RunID int64  `json:"run_id"`
 	Task  string `json:"task"`

@@ -547,3 +547,54 @@ func marshal(v any) []byte {
 	}
 	return append([]byte(xml.Header), append(b, '\n')...)
 }
+
+// ResolvedConfig is what an instance reads from GET /configs/:uuid: its
+// identity, the parameters it provides, and each service with its scripts
+// and parameters as far as they are resolved.
+type ResolvedConfig struct {
+	ID       string
+	Name     string
+	Type     string
+	Provided []string
+	Services []ResolvedService
+}
+
+// ParseResolvedConfig reads the answer of GET /configs/:uuid (the
+// instance-config document of ResolvedConfigXML): a parameter with a
+// <reference> is unresolved; type="list" holds one <value> per instance.
+// A service is complete when all its parameters are resolved.
+func ParseResolvedConfig(data []byte) (*ResolvedConfig, error) {
+	dec := xml.NewDecoder(bytes.NewReader(data))
+	var x xmlInstanceConfig
+	if err := dec.Decode(&x); err != nil {
+		if err == io.EOF {
+			return nil, &SyntaxError{Msg: "empty instance config"}
+		}
+		return nil, xmlSyntax(dec, err)
+	}
+	if x.ID == "" || x.Name == "" {
+		return nil, Errors{{Field: "instance-config", Reason: "needs an id and a name"}}
+	}
+	rc := &ResolvedConfig{ID: x.ID, Name: x.Name, Type: x.Type, Provided: []string{}}
+	for _, p := range x.Provided {
+		rc.Provided = append(rc.Provided, p.Name)
+	}
+	for _, s := range x.Services {
+		rs := ResolvedService{Name: s.Name, AllowPartial: s.AllowPartial == "true", Complete: true}
+		for _, sc := range s.Scripts {
+			rs.Scripts = append(rs.Scripts, sc.Name)
+		}
+		for _, p := range s.Parameters {
+			rp := ResolvedParam{Name: p.Name, List: p.Type == "list", Resolved: p.Reference == nil, Reference: p.Reference.model()}
+			for _, v := range p.Values {
+				rp.Values = append(rp.Values, v.Text)
+			}
+			if !rp.Resolved {
+				rs.Complete = false
+			}
+			rs.Params = append(rs.Params, rp)
+		}
+		rc.Services = append(rc.Services, rs)
+	}
+	return rc, nil
+}
