@@ -111,20 +111,26 @@ func TestDryRunPlanCheckAndFilters(t *testing.T) {
 	}
 	assert.Equal(t, g.CrossNodeEdges, got.Graphs[0].CrossNodeEdges)
 
-	// Again, filtered to api on ctl: api is unchanged since its last run
-	// (LCM); the other tasks are filtered out, each saying by what.
+	// The graph's on_success gave the nodes new attributes, which its tasks
+	// see: one more deployment, and then nothing has changed.
+	again := executePlan(t, st, deploy)
+	require.Equal(t, models.TxReady, waitDone(t, st, again.TaskUUID, 60*time.Second).Status)
+
+	// Again, filtered to base on ctl: base, which reads no outputs, is
+	// unchanged since its last run (LCM); the other tasks are filtered
+	// out, each saying by what.
 	ans = executePlan(t, st, map[string]any{"deployment": "d1", "dry_run": true,
-		"graphs": []map[string]any{{"type": "deployment", "nodes": []int64{ctlNode.ID}, "tasks": []string{"api"}}}})
+		"graphs": []map[string]any{{"type": "deployment", "nodes": []int64{ctlNode.ID}, "tasks": []string{"base"}}}})
 	require.NotNil(t, ans.Plan)
 	g = ans.Plan.Graphs[0]
 	assert.Equal(t, []int64{ctlNode.ID}, g.Nodes)
-	assert.Equal(t, []string{"api"}, g.Tasks)
+	assert.Equal(t, []string{"base"}, g.Tasks)
 	c = planNode(t, g, ctl)
-	require.Equal(t, []string{"api"}, planTaskNames(c.Tasks))
+	require.Equal(t, []string{"base"}, planTaskNames(c.Tasks))
 	assert.Equal(t, contract.RunSkipped, c.Tasks[0].State)
 	assert.Equal(t, fuel.SkipLCMUnchanged, c.Tasks[0].Skip)
-	assert.Contains(t, c.Tasks[0].SkipReason, "unchanged since its last successful run")
-	assert.ElementsMatch(t, []string{"base", "database"}, planTaskNames(c.FilteredOut))
+	assert.Contains(t, c.Tasks[0].SkipReason, "its last finished run on this node, which succeeded")
+	assert.ElementsMatch(t, []string{"api", "database"}, planTaskNames(c.FilteredOut))
 	for _, f := range c.FilteredOut {
 		assert.Equal(t, fuel.SkipFilteredOut, f.Skip)
 		assert.Equal(t, "filtered out: task "+f.Task+" is not in graphs[0].tasks", f.SkipReason)
