@@ -449,30 +449,44 @@ type RunContext struct {
 	Peers   []string
 }
 
-// RunContext loads a run's context in one round trip: it is read for every
-// run handed to an agent.
+// RunContext loads a run's context, its outputs and its peers.
 func (s *Store) RunContext(ctx context.Context, run *TaskRun) (*RunContext, error) {
-	var row struct {
-		Outputs string
-		Peers   string
-	}
+	return s.RunContextWith(ctx, run, true)
+}
+
+// RunContextWith loads a run's context, with its peers only when asked: it
+// is read for every run handed to an agent, and the peers (every other
+// node of a deployment) are only for the tasks that use them.
+//
+// The predicate on state and outputs is written with literals so that the
+// partial index task_runs_tx_outputs_idx serves it, also from a cached
+// generic plan: a transaction of 20,000 runs has few with outputs.
+func (s *Store) RunContextWith(ctx context.Context, run *TaskRun, peers bool) (*RunContext, error) {
+	var outputs string
 	err := s.DB.WithContext(ctx).Raw(`
-SELECT
-  (SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
-                            ORDER BY finished_at, id), '[]')
-   FROM task_runs WHERE transaction_id = ? AND state IN ? AND outputs <> '{}'::jsonb) AS outputs,
-  (SELECT coalesce(json_agg(address ORDER BY name), '[]')
-   FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
-     AND id <> ? AND alive AND address <> '') AS peers`,
-		run.TransactionID, []string{contract.RunSucceeded, contract.RunSkipped}, run.NodeID, run.NodeID).Scan(&row).Error
+SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
+                         ORDER BY finished_at, id), '[]')
+FROM task_runs WHERE transaction_id = ? AND state IN ('succeeded', 'skipped') AND outputs <> '{}'::jsonb`,
+		run.TransactionID).Scan(&outputs).Error
 	if err != nil {
-		return nil, fmt.Errorf("load the context of run %d: %w", run.ID, err)
+		return nil, fmt.Errorf("load the outputs seen by run %d: %w", run.ID, err)
 	}
-	out := &RunContext{}
-	if err := json.Unmarshal([]byte(row.Outputs), &out.Outputs); err != nil {
+	out := &RunContext{Peers: []string{}}
+	if err := json.Unmarshal([]byte(outputs), &out.Outputs); err != nil {
 		return nil, fmt.Errorf("decode outputs for run %d: %w", run.ID, err)
 	}
-	if err := json.Unmarshal([]byte(row.Peers), &out.Peers); err != nil {
+	if !peers {
+		return out, nil
+	}
+	var addrs string
+	err = s.DB.WithContext(ctx).Raw(`
+SELECT coalesce(json_agg(address ORDER BY name), '[]')
+FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
+  AND id <> ? AND alive AND address <> ''`, run.NodeID, run.NodeID).Scan(&addrs).Error
+	if err != nil {
+		return nil, fmt.Errorf("load the peers of run %d: %w", run.ID, err)
+	}
+	if err := json.Unmarshal([]byte(addrs), &out.Peers); err != nil {
 		return nil, fmt.Errorf("decode peers of run %d: %w", run.ID, err)
 	}
 	return out, nil

@@ -172,7 +172,8 @@ func (s *Server) agentWork(c echo.Context) error {
 func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (protocol.WorkResponse, error) {
 	out := protocol.WorkResponse{Runs: make([]protocol.WorkItem, 0, len(runs))}
 	for _, r := range runs {
-		rc, err := s.cfg.Store.RunContext(ctx, &r)
+		peers := wantsPeers(&r)
+		rc, err := s.cfg.Store.RunContextWith(ctx, &r, peers)
 		if err != nil {
 			return out, err
 		}
@@ -180,8 +181,10 @@ func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (proto
 		if env == nil {
 			env = map[string]string{}
 		}
-		// The verification graph checks that each peer answers there.
-		env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
+		if peers {
+			// The verification graph checks that each peer answers there.
+			env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
+		}
 		item := protocol.WorkItem{
 			RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
 			// Special tasks the agent runs were turned into shell at
@@ -207,6 +210,14 @@ func (s *Server) workResponse(ctx context.Context, runs []models.TaskRun) (proto
 		out.Runs = append(out.Runs, item)
 	}
 	return out, nil
+}
+
+// wantsPeers says whether a run is given $ANNEAL_PEERS: the runs of the
+// verification graph and any command that names it. The list holds every
+// other node of the deployment, too much to read and send with every run of
+// a thousand-node deployment.
+func wantsPeers(r *models.TaskRun) bool {
+	return r.GraphType == fuel.GraphVerification || strings.Contains(r.Spec.Cmd, "ANNEAL_PEERS")
 }
 
 // maxContextBytes bounds ANNEAL_CONTEXT, which travels in the environment.
