@@ -55,15 +55,16 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, revived, err := s.cfg.Store.TouchNode(c.Request().Context(), principal(c).NodeID, req.BootID, req.Address)
+	nodeID := principal(c).NodeID
+	name, revived, err := s.cfg.Store.TouchNode(c.Request().Context(), nodeID, req.BootID, req.Address)
 	if err != nil {
 		return err
 	}
 	if revived {
-		s.log.Info("node is alive again", "node", node.Name)
-		s.kickAnnealer(c.Request().Context(), "node "+node.Name+" is alive")
+		s.log.Info("node is alive again", "node", name)
+		s.kickAnnealer(c.Request().Context(), "node "+name+" is alive")
 	}
-	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: node.ID, Name: node.Name})
+	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: nodeID, Name: name})
 }
 
 // Long-poll bounds for GET /agent/work.
