@@ -21,8 +21,17 @@ import (
 )
 
 // WorkChannel is the Postgres NOTIFY channel that wakes the agents' long
-// polls when a run is dispatched; the payload is the node id.
+// polls. The payload is a kind and the node id: "w:<id>" when a run is
+// dispatched to the node (GET /agent/work), "s:<id>" when its software
+// deployments change (GET /agent/software). A bare "<id>", as earlier
+// versions sent, wakes both.
 const WorkChannel = "anneal_work"
+
+// Kinds of wake-up on WorkChannel: the payload's prefix before the node id.
+const (
+	WakeWork     = "w"
+	WakeSoftware = "s"
+)
 
 // Default task parameters.
 const (
@@ -97,8 +106,8 @@ UPDATE task_runs
 SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
     started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
 WHERE id = ? AND state IN ?
-RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, node_id::text) IS NULL AS notified`,
-			contract.RunRunning, token, runID, dispatchable, WorkChannel).Scan(&runs).Error; err != nil {
+RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
+			contract.RunRunning, token, runID, dispatchable, WorkChannel, WakeWork).Scan(&runs).Error; err != nil {
 			return fmt.Errorf("dispatch run %d: %w", runID, err)
 		}
 		if len(runs) == 1 {

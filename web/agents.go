@@ -71,8 +71,11 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 const (
 	defaultPollWait = 25 * time.Second
 	maxPollWait     = 60 * time.Second
-	// pollRecheck bounds the delay if a wake-up is lost (listener reconnecting).
-	pollRecheck = 15 * time.Second
+	// softwareRecheck bounds how late a software poll sees a change that
+	// sent no NOTIFY (a deployment created, started or deleted). Work needs
+	// no such recheck: every dispatch notifies, a lost listener wakes every
+	// waiter, and a lease's end is a time the poll knows.
+	softwareRecheck = 15 * time.Second
 )
 
 // pollWait reads ?wait= of a long poll (default 25s, at most 60s).
@@ -89,11 +92,11 @@ func pollWait(c echo.Context) (time.Duration, error) {
 }
 
 // longPoll calls ready until it reports true, for up to wait: again each
-// time Postgres announces a change for the node (the hub's NOTIFY), and at
-// least every pollRecheck in case a wake-up was lost. It returns whether
-// ready answered before the wait ran out.
-func (s *Server) longPoll(ctx context.Context, nodeID int64, wait time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
-	return s.longPollUntil(ctx, nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
+// time Postgres announces a change of this kind for the node (the hub's
+// NOTIFY), and at least every recheck. It returns whether ready answered
+// before the wait ran out.
+func (s *Server) longPoll(ctx context.Context, kind string, nodeID int64, wait, recheck time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
+	return s.longPollUntil(ctx, kind, nodeID, wait, recheck, func(ctx context.Context) (bool, time.Time, error) {
 		ok, err := ready(ctx)
 		return ok, time.Time{}, err
 	})
@@ -101,32 +104,32 @@ func (s *Server) longPoll(ctx context.Context, nodeID int64, wait time.Duration,
 
 // longPollUntil is longPoll whose ready also says when to look again even
 // without a notification (zero: no such time), e.g. when a lease runs out.
-func (s *Server) longPollUntil(ctx context.Context, nodeID int64, wait time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
+func (s *Server) longPollUntil(ctx context.Context, kind string, nodeID int64, wait, recheck time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
-		woken, cancel := s.hub.wait(nodeID)
+		woken, cancel := s.hub.wait(kind, nodeID)
 		ok, wakeAt, err := ready(ctx)
 		if err != nil || ok || wait == 0 {
 			cancel()
 			return ok, err
 		}
-		again := pollRecheck
+		again := recheck
 		if !wakeAt.IsZero() {
 			// A little after the time, so that the database sees it passed.
 			again = min(again, max(time.Until(wakeAt)+10*time.Millisecond, 10*time.Millisecond))
 		}
-		recheck := time.NewTimer(again)
+		timer := time.NewTimer(again)
 		expired := false
 		select {
 		case <-woken:
-		case <-recheck.C:
+		case <-timer.C:
 		case <-deadline.C:
 			expired = true
 		case <-ctx.Done():
 		}
 		cancel()
-		recheck.Stop()
+		timer.Stop()
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
@@ -147,7 +150,7 @@ func (s *Server) agentWork(c echo.Context) error {
 		return err
 	}
 	var runs []models.TaskRun
-	_, err = s.longPollUntil(c.Request().Context(), nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
+	_, err = s.longPollUntil(c.Request().Context(), models.WakeWork, nodeID, wait, maxPollWait, func(ctx context.Context) (bool, time.Time, error) {
 		var err error
 		runs, err = s.cfg.Store.ClaimWork(ctx, nodeID, s.ackLease())
 		if err != nil || len(runs) > 0 {
@@ -419,45 +422,79 @@ func bindRunResult(c echo.Context, res *protocol.RunResult) error {
 	return decodeStrict(body, res, true, true)
 }
 
-// workHub wakes long polls of one node when Postgres announces work for it.
+// workHub wakes long polls of one node when Postgres announces work for it:
+// the runs dispatched to it or its software deployments, apart, so that a
+// dispatch does not also wake the node's software poll.
 type workHub struct {
 	log     *slog.Logger
 	mu      sync.Mutex
-	waiters map[int64]map[chan struct{}]struct{}
+	waiters map[wakeKey]map[chan struct{}]struct{}
+}
+
+// wakeKey is what a long poll waits for: a kind (models.WakeWork or
+// models.WakeSoftware) of change on a node.
+type wakeKey struct {
+	kind   string
+	nodeID int64
 }
 
 func newWorkHub(log *slog.Logger) *workHub {
-	return &workHub{log: log, waiters: map[int64]map[chan struct{}]struct{}{}}
+	return &workHub{log: log, waiters: map[wakeKey]map[chan struct{}]struct{}{}}
 }
 
-// wait registers interest in the node's next wake-up.
-func (h *workHub) wait(nodeID int64) (<-chan struct{}, func()) {
+// wait registers interest in the node's next wake-up of this kind.
+func (h *workHub) wait(kind string, nodeID int64) (<-chan struct{}, func()) {
+	key := wakeKey{kind, nodeID}
 	ch := make(chan struct{}, 1)
 	h.mu.Lock()
-	if h.waiters[nodeID] == nil {
-		h.waiters[nodeID] = map[chan struct{}]struct{}{}
+	if h.waiters[key] == nil {
+		h.waiters[key] = map[chan struct{}]struct{}{}
 	}
-	h.waiters[nodeID][ch] = struct{}{}
+	h.waiters[key][ch] = struct{}{}
 	h.mu.Unlock()
 	return ch, func() {
 		h.mu.Lock()
-		delete(h.waiters[nodeID], ch)
-		if len(h.waiters[nodeID]) == 0 {
-			delete(h.waiters, nodeID)
+		delete(h.waiters[key], ch)
+		if len(h.waiters[key]) == 0 {
+			delete(h.waiters, key)
 		}
 		h.mu.Unlock()
 	}
 }
 
-func (h *workHub) wake(nodeID int64) {
+func (h *workHub) wake(kind string, nodeID int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for ch := range h.waiters[nodeID] {
+	for ch := range h.waiters[wakeKey{kind, nodeID}] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// notified wakes the waiters a notification's payload names: "w:<id>" or
+// "s:<id>", or a bare "<id>" (sent by earlier versions, during a rolling
+// upgrade) for both kinds.
+func (h *workHub) notified(payload string) error {
+	kind, id, found := strings.Cut(payload, ":")
+	if !found {
+		kind, id = "", payload
+	}
+	nodeID, err := strconv.ParseInt(id, 10, 64)
+	if err != nil {
+		return fmt.Errorf("node id %q: %w", id, err)
+	}
+	switch kind {
+	case models.WakeWork, models.WakeSoftware:
+		h.wake(kind, nodeID)
+	case "":
+		h.wake(models.WakeWork, nodeID)
+		h.wake(models.WakeSoftware, nodeID)
+	default:
+		return fmt.Errorf("unknown kind %q", kind)
+	}
+	return nil
 }
 
 // closeAll wakes every waiter (on shutdown, or when notifications may have
@@ -511,12 +548,9 @@ func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) 
 		if err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
-		id, err := strconv.ParseInt(n.Payload, 10, 64)
-		if err != nil {
-			h.log.Warn("ignoring malformed work notification", "payload", n.Payload)
-			continue
+		if err := h.notified(n.Payload); err != nil {
+			h.log.Warn("ignoring malformed work notification", "payload", n.Payload, "error", err)
 		}
-		h.wake(id)
 	}
 }
 

@@ -81,7 +81,8 @@ type Config struct {
 	HeartbeatEvery time.Duration
 	// RunHeartbeatEvery is the run heartbeat period; default 5s.
 	RunHeartbeatEvery time.Duration
-	// PollWait is how long the API may hold a work fetch; default 25s.
+	// PollWait is how long the API may hold a work fetch; default 55s,
+	// under the API's longest (60s): an idle agent asks about once a minute.
 	PollWait time.Duration
 	// RetryMin and RetryMax bound the exponential backoff between retries
 	// of failed calls; defaults 200ms and 10s.
@@ -199,7 +200,7 @@ func newAgent(cfg Config) (*agent, error) {
 		cfg.RunHeartbeatEvery = 5 * time.Second
 	}
 	if cfg.PollWait <= 0 {
-		cfg.PollWait = 25 * time.Second
+		cfg.PollWait = 55 * time.Second
 	}
 	if cfg.RetryMin <= 0 {
 		cfg.RetryMin = 200 * time.Millisecond
