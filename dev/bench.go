@@ -147,7 +147,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 			cfg := daemon.Config{APIURL: apiURL, Name: name, EnrollToken: env["ANNEAL_ENROLL_TOKEN"],
 				WorkDir: filepath.Join(dir, "nodes", name), Logger: quiet.With("node", name)}
 			if !*sharedTransport {
-				cfg.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+				cfg.HTTPClient = daemon.NewHTTPClient()
 			}
 			agents.Add(1)
 			go func() { defer agents.Done(); _ = daemon.Run(agentCtx, cfg) }()

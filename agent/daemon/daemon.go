@@ -89,7 +89,7 @@ type Config struct {
 	RetryMin, RetryMax time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// HTTPClient defaults to a plain client. Each call sets its own deadline,
+	// HTTPClient defaults to NewHTTPClient(). Each call sets its own deadline,
 	// so it should have no overall Timeout shorter than PollWait.
 	HTTPClient *http.Client
 	// Executor runs the work items; default a ShellExecutor in WorkDir.
@@ -186,6 +186,16 @@ func Run(ctx context.Context, cfg Config) error {
 	return a.outcome(actx, nil)
 }
 
+// NewHTTPClient is the agent's default client: its own transport that keeps
+// a connection for each request it may have in flight to the API (the work
+// poll, the software poll, a heartbeat, a run's report), where
+// http.DefaultTransport keeps two and the others dial anew each time.
+func NewHTTPClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 4
+	return &http.Client{Transport: t}
+}
+
 func newAgent(cfg Config) (*agent, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("no node name given")
@@ -213,7 +223,7 @@ func newAgent(cfg Config) (*agent, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{}
+		cfg.HTTPClient = NewHTTPClient()
 	}
 	if cfg.APIURL != "" {
 		if err := checkURL(cfg.APIURL); err != nil {
