@@ -59,7 +59,11 @@ type Config struct {
 	// if the database has no admin token yet: how a fresh install gets its
 	// first one. Ignored (and said so) once an admin token exists.
 	BootstrapToken string
-	Log            *slog.Logger
+	// TemporalGzip compresses the gRPC requests to Temporal, the SDK's
+	// default. Off by default: on a local network it costs CPU on both
+	// sides of every call for little; turn it on over a slow link.
+	TemporalGzip bool
+	Log          *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -108,8 +112,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := fuel.EnsureBuiltinGraphs(ctx, fuel.New(store), scenarios.BuiltinGraphs()...); err != nil {
 		return err
 	}
+	var compression client.GrpcCompression = &client.GrpcCompressionNone{}
+	if cfg.TemporalGzip {
+		compression = &client.GrpcCompressionGzip{}
+	}
 	tc, err := client.DialContext(ctx, client.Options{
 		HostPort: cfg.TemporalAddress, Namespace: cfg.Namespace, Logger: log.NewStructuredLogger(cfg.Log),
+		ConnectionOptions: client.ConnectionOptions{GrpcCompression: compression},
 	})
 	if err != nil {
 		return fmt.Errorf("dial Temporal at %s: %w", cfg.TemporalAddress, err)
