@@ -77,10 +77,12 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 			return fmt.Errorf("lock the node of run %d: %w", runID, err)
 		}
 		dispatchable := []string{contract.RunPending, contract.RunRunning, contract.RunFailed}
+		hash := "" // the final inputs hash, written with the dispatch
 		if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
 			// Every run it depends on has ended: its inputs are final, and
 			// may show that it has nothing to do (LCM).
-			skipped, err := settleInputs(tx, runID)
+			skipped, h, err := settleInputsHash(tx, runID)
+			hash = h
 			if err != nil {
 				return err
 			}
@@ -104,10 +106,11 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 		if err := tx.Raw(`
 UPDATE task_runs
 SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
-    started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
+    started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now(),
+    inputs_hash = CASE WHEN ?::text <> '' THEN ?::text ELSE inputs_hash END
 WHERE id = ? AND state IN ?
 RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
-			contract.RunRunning, token, runID, dispatchable, WorkChannel, WakeWork).Scan(&runs).Error; err != nil {
+			contract.RunRunning, token, hash, hash, runID, dispatchable, WorkChannel, WakeWork).Scan(&runs).Error; err != nil {
 			return fmt.Errorf("dispatch run %d: %w", runID, err)
 		}
 		if len(runs) == 1 {
