@@ -36,7 +36,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	tasks := fs.Int("tasks", 10, "tasks per node (a chain)")
 	rounds := fs.Int("rounds", 5, "rounds of anneal and bare, alternating which goes first")
 	eager := fs.Bool("eager-activities", false, "start the Temporal dev server with system.enableActivityEagerExecution=true (both sides benefit)")
-	sharedTransport := fs.Bool("shared-agent-transport", false, "all simulated agents share http.DefaultTransport (2 idle connections in all: nearly every agent request dials anew), as the bench did before; by default each agent has its own, as separate processes would")
+	sharedTransport := fs.Bool("shared-agent-transport", false, "all simulated agents share http.DefaultTransport (2 idle connections in all: nearly every agent request dials anew), as the bench did before; by default each agent has its own (daemon.NewHTTPClient), as separate processes would")
 	pprofDir := fs.String("pprof", "", "write CPU profiles of the worker+API and of the agents during the anneal phases into DIR")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -151,7 +151,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 			cfg := daemon.Config{APIURL: apiURL, Name: name, EnrollToken: env["ANNEAL_ENROLL_TOKEN"],
 				WorkDir: filepath.Join(dir, "nodes", name), Logger: quiet.With("node", name)}
 			if !*sharedTransport {
-				cfg.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+				cfg.HTTPClient = daemon.NewHTTPClient()
 			}
 			agents.Add(1)
 			go func() { defer agents.Done(); _ = daemon.Run(agentCtx, cfg) }()

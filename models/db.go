@@ -52,8 +52,12 @@ func Open(ctx context.Context, url string) (*gorm.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
+	// As many idle connections as open ones: with fewer, a burst of agent
+	// requests closes the surplus after each use and Postgres forks a new
+	// backend (several ms of its CPU) for nearly every run. Idle ones still
+	// go after the idle time below.
 	sqlDB.SetMaxOpenConns(20)
-	sqlDB.SetMaxIdleConns(10)
+	sqlDB.SetMaxIdleConns(20)
 	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	if err := sqlDB.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("ping database: %w", err)

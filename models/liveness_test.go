@@ -33,8 +33,13 @@ func TestSilentNodesAreNotAlive(t *testing.T) {
 		assert.NotEqual(t, storetest.CmpName, n.Name, "a node that is not alive gets nothing")
 	}
 
-	_, _, err = f.Store.TouchNode(f.Ctx, f.Cmp.ID, "boot-2", "")
+	name, revived, err := f.Store.TouchNode(f.Ctx, f.Cmp.ID, "boot-2", "")
 	require.NoError(t, err)
+	assert.Equal(t, storetest.CmpName, name)
+	assert.True(t, revived, "a silent node's heartbeat revives it")
+	_, revived, err = f.Store.TouchNode(f.Ctx, f.Cmp.ID, "boot-2", "")
+	require.NoError(t, err)
+	assert.False(t, revived, "an alive node's heartbeat does not")
 	node, err = f.Store.Node(f.Ctx, storetest.CmpName)
 	require.NoError(t, err)
 	assert.True(t, node.Alive)

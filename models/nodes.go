@@ -145,29 +145,46 @@ func (s *Store) EnrollNodeThen(ctx context.Context, in NodeInput, withCredential
 }
 
 // TouchNode records an agent heartbeat: the node is alive, with its boot id
-// and address as last reported. Revived says it was not alive before (the
-// annealer may now give it work).
-func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address string) (node *Node, revived bool, err error) {
+// and address as last reported. It answers the node's name; revived says it
+// was not alive before (the annealer may now give it work). Every agent
+// calls it every few seconds, so the common case (a node already alive) is
+// one plain UPDATE and nothing is read back but the name.
+func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address string) (name string, revived bool, err error) {
 	if err := ValidBootID("boot_id", bootID); err != nil {
-		return nil, false, err
+		return "", false, err
 	}
 	if err := ValidAddress("address", address); err != nil {
-		return nil, false, err
+		return "", false, err
 	}
-	var was []bool
+	var names []string
+	err = s.DB.WithContext(ctx).Raw(`UPDATE nodes SET last_seen_at = now(), boot_id = ?,
+			address = CASE WHEN ? <> '' THEN ? ELSE address END, updated_at = now()
+		WHERE id = ? AND alive
+		RETURNING name`, bootID, address, address, nodeID).Scan(&names).Error
+	if err != nil {
+		return "", false, fmt.Errorf("touch node %d: %w", nodeID, err)
+	}
+	if len(names) == 1 {
+		return names[0], false, nil
+	}
+	// Not alive (or gone): revive it, and say whether it was dead, since
+	// another request may have revived it in between.
+	var rows []struct {
+		Alive bool
+		Name  string
+	}
 	err = s.DB.WithContext(ctx).Raw(`UPDATE nodes n SET alive = true, last_seen_at = now(), boot_id = ?,
 			address = CASE WHEN ? <> '' THEN ? ELSE n.address END, updated_at = now()
 		FROM (SELECT id, alive FROM nodes WHERE id = ? FOR UPDATE) old
 		WHERE n.id = old.id
-		RETURNING old.alive`, bootID, address, address, nodeID).Scan(&was).Error
+		RETURNING old.alive, n.name`, bootID, address, address, nodeID).Scan(&rows).Error
 	if err != nil {
-		return nil, false, fmt.Errorf("touch node %d: %w", nodeID, err)
+		return "", false, fmt.Errorf("touch node %d: %w", nodeID, err)
 	}
-	if len(was) == 0 {
-		return nil, false, NotFound("node", nodeID)
+	if len(rows) == 0 {
+		return "", false, NotFound("node", nodeID)
 	}
-	node, err = s.Node(ctx, strconv.FormatInt(nodeID, 10))
-	return node, !was[0], err
+	return rows[0].Name, !rows[0].Alive, nil
 }
 
 // Node finds a node by id or name.

@@ -21,7 +21,10 @@ import (
 )
 
 // WorkChannel is the Postgres NOTIFY channel that wakes the agents' long
-// polls when a run is dispatched; the payload is the node id.
+// polls. The payload is a kind and the node id: "w:<id>" when a run is
+// dispatched to the node (GET /agent/work), "s:<id>" when its software
+// deployments change (GET /agent/software). A bare "<id>", as earlier
+// versions sent, wakes both.
 const WorkChannel = "anneal_work"
 
 // EventsChannel is the Postgres NOTIFY channel of the live event stream:
@@ -29,6 +32,12 @@ const WorkChannel = "anneal_work"
 // status, a run's or noderole's state and a node's status, as small JSON
 // objects (kind, id, deployment_id, state, ...).
 const EventsChannel = "anneal_events"
+
+// Kinds of wake-up on WorkChannel: the payload's prefix before the node id.
+const (
+	WakeWork     = "w"
+	WakeSoftware = "s"
+)
 
 // Default task parameters.
 const (
@@ -74,10 +83,12 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 			return fmt.Errorf("lock the node of run %d: %w", runID, err)
 		}
 		dispatchable := []string{contract.RunPending, contract.RunRunning, contract.RunFailed}
+		hash := "" // the final inputs hash, written with the dispatch
 		if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
 			// Every run it depends on has ended: its inputs are final, and
 			// may show that it has nothing to do (LCM).
-			skipped, err := settleInputs(tx, runID)
+			skipped, h, err := settleInputsHash(tx, runID)
+			hash = h
 			if err != nil {
 				return err
 			}
@@ -101,10 +112,11 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 		if err := tx.Raw(`
 UPDATE task_runs
 SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
-    started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now()
+    started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now(),
+    inputs_hash = CASE WHEN ?::text <> '' THEN ?::text ELSE inputs_hash END
 WHERE id = ? AND state IN ?
-RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, node_id::text) IS NULL AS notified`,
-			contract.RunRunning, token, runID, dispatchable, WorkChannel).Scan(&runs).Error; err != nil {
+RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
+			contract.RunRunning, token, hash, hash, runID, dispatchable, WorkChannel, WakeWork).Scan(&runs).Error; err != nil {
 			return fmt.Errorf("dispatch run %d: %w", runID, err)
 		}
 		if len(runs) == 1 {
@@ -464,37 +476,50 @@ type RunContext struct {
 	Peers   []string
 }
 
-// RunContext loads a run's context in one round trip: it is read for every
-// run handed to an agent.
+// RunContext loads a run's context, its outputs and its peers.
 func (s *Store) RunContext(ctx context.Context, run *TaskRun) (*RunContext, error) {
-	var row struct {
-		Outputs string
-		Peers   string
-	}
+	return s.RunContextWith(ctx, run, true)
+}
+
+// RunContextWith loads a run's context, with its peers only when asked: it
+// is read for every run handed to an agent, and the peers (every other
+// node of a deployment) are only for the tasks that use them.
+//
+// The predicate on state and outputs is written with literals so that the
+// partial index task_runs_tx_outputs_idx serves it, also from a cached
+// generic plan: a transaction of 20,000 runs has few with outputs.
+func (s *Store) RunContextWith(ctx context.Context, run *TaskRun, peers bool) (*RunContext, error) {
+	var outputs string
 	err := s.DB.WithContext(ctx).Raw(`
 WITH RECURSIVE ancestors(id) AS (
   SELECT parent_id FROM run_edges WHERE child_id = ?
   UNION
   SELECT e.parent_id FROM run_edges e JOIN ancestors a ON e.child_id = a.id
 )
-SELECT
-  (SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
-                            ORDER BY finished_at, id), '[]')
-   FROM task_runs WHERE transaction_id = ? AND state IN ? AND outputs <> '{}'::jsonb
-     AND (id IN (SELECT id FROM ancestors) OR graph_index < ? OR (node_id = ? AND graph_index = ? AND position < ?))) AS outputs,
-  (SELECT coalesce(json_agg(address ORDER BY name), '[]')
-   FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
-     AND id <> ? AND alive AND address <> '') AS peers`,
-		run.ID, run.TransactionID, []string{contract.RunSucceeded, contract.RunSkipped}, run.GraphIndex, run.NodeID, run.GraphIndex, run.Position,
-		run.NodeID, run.NodeID).Scan(&row).Error
+SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
+                         ORDER BY finished_at, id), '[]')
+FROM task_runs WHERE transaction_id = ? AND state IN ('succeeded', 'skipped') AND outputs <> '{}'::jsonb
+  AND (id IN (SELECT id FROM ancestors) OR graph_index < ? OR (node_id = ? AND graph_index = ? AND position < ?))`,
+		run.ID, run.TransactionID, run.GraphIndex, run.NodeID, run.GraphIndex, run.Position).Scan(&outputs).Error
 	if err != nil {
-		return nil, fmt.Errorf("load the context of run %d: %w", run.ID, err)
+		return nil, fmt.Errorf("load the outputs seen by run %d: %w", run.ID, err)
 	}
-	out := &RunContext{}
-	if err := json.Unmarshal([]byte(row.Outputs), &out.Outputs); err != nil {
+	out := &RunContext{Peers: []string{}}
+	if err := json.Unmarshal([]byte(outputs), &out.Outputs); err != nil {
 		return nil, fmt.Errorf("decode outputs for run %d: %w", run.ID, err)
 	}
-	if err := json.Unmarshal([]byte(row.Peers), &out.Peers); err != nil {
+	if !peers {
+		return out, nil
+	}
+	var addrs string
+	err = s.DB.WithContext(ctx).Raw(`
+SELECT coalesce(json_agg(address ORDER BY name), '[]')
+FROM nodes WHERE deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?)
+  AND id <> ? AND alive AND address <> ''`, run.NodeID, run.NodeID).Scan(&addrs).Error
+	if err != nil {
+		return nil, fmt.Errorf("load the peers of run %d: %w", run.ID, err)
+	}
+	if err := json.Unmarshal([]byte(addrs), &out.Peers); err != nil {
 		return nil, fmt.Errorf("decode peers of run %d: %w", run.ID, err)
 	}
 	return out, nil

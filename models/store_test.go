@@ -88,7 +88,10 @@ func TestCreateNode(t *testing.T) {
 	storetest.RequireConflict(t, err)
 	assert.EqualValues(t, 1, storetest.Count(t, store, &models.Node{}))
 
-	touched, _, err := store.TouchNode(ctx, node.ID, "b2", "")
+	name, _, err := store.TouchNode(ctx, node.ID, "b2", "")
+	require.NoError(t, err)
+	assert.Equal(t, node.Name, name)
+	touched, err := store.Node(ctx, node.Name)
 	require.NoError(t, err)
 	assert.True(t, touched.Alive)
 	assert.Equal(t, "b2", touched.BootID)

@@ -56,23 +56,27 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err := bindStrict(c, &req); err != nil {
 		return err
 	}
-	node, revived, err := s.cfg.Store.TouchNode(c.Request().Context(), principal(c).NodeID, req.BootID, req.Address)
+	nodeID := principal(c).NodeID
+	name, revived, err := s.cfg.Store.TouchNode(c.Request().Context(), nodeID, req.BootID, req.Address)
 	if err != nil {
 		return err
 	}
 	if revived {
-		s.log.Info("node is alive again", "node", node.Name)
-		s.kickAnnealer(c.Request().Context(), "node "+node.Name+" is alive")
+		s.log.Info("node is alive again", "node", name)
+		s.kickAnnealer(c.Request().Context(), "node "+name+" is alive")
 	}
-	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: node.ID, Name: node.Name})
+	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: nodeID, Name: name})
 }
 
 // Long-poll bounds for GET /agent/work.
 const (
 	defaultPollWait = 25 * time.Second
 	maxPollWait     = 60 * time.Second
-	// pollRecheck bounds the delay if a wake-up is lost (listener reconnecting).
-	pollRecheck = 15 * time.Second
+	// softwareRecheck bounds how late a software poll sees a change that
+	// sent no NOTIFY (a deployment created, started or deleted). Work needs
+	// no such recheck: every dispatch notifies, a lost listener wakes every
+	// waiter, and a lease's end is a time the poll knows.
+	softwareRecheck = 15 * time.Second
 )
 
 // pollWait reads ?wait= of a long poll (default 25s, at most 60s).
@@ -89,11 +93,11 @@ func pollWait(c echo.Context) (time.Duration, error) {
 }
 
 // longPoll calls ready until it reports true, for up to wait: again each
-// time Postgres announces a change for the node (the hub's NOTIFY), and at
-// least every pollRecheck in case a wake-up was lost. It returns whether
-// ready answered before the wait ran out.
-func (s *Server) longPoll(ctx context.Context, nodeID int64, wait time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
-	return s.longPollUntil(ctx, nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
+// time Postgres announces a change of this kind for the node (the hub's
+// NOTIFY), and at least every recheck. It returns whether ready answered
+// before the wait ran out.
+func (s *Server) longPoll(ctx context.Context, kind string, nodeID int64, wait, recheck time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
+	return s.longPollUntil(ctx, kind, nodeID, wait, recheck, func(ctx context.Context) (bool, time.Time, error) {
 		ok, err := ready(ctx)
 		return ok, time.Time{}, err
 	})
@@ -101,32 +105,32 @@ func (s *Server) longPoll(ctx context.Context, nodeID int64, wait time.Duration,
 
 // longPollUntil is longPoll whose ready also says when to look again even
 // without a notification (zero: no such time), e.g. when a lease runs out.
-func (s *Server) longPollUntil(ctx context.Context, nodeID int64, wait time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
+func (s *Server) longPollUntil(ctx context.Context, kind string, nodeID int64, wait, recheck time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
-		woken, cancel := s.hub.wait(nodeID)
+		woken, cancel := s.hub.wait(kind, nodeID)
 		ok, wakeAt, err := ready(ctx)
 		if err != nil || ok || wait == 0 {
 			cancel()
 			return ok, err
 		}
-		again := pollRecheck
+		again := recheck
 		if !wakeAt.IsZero() {
 			// A little after the time, so that the database sees it passed.
 			again = min(again, max(time.Until(wakeAt)+10*time.Millisecond, 10*time.Millisecond))
 		}
-		recheck := time.NewTimer(again)
+		timer := time.NewTimer(again)
 		expired := false
 		select {
 		case <-woken:
-		case <-recheck.C:
+		case <-timer.C:
 		case <-deadline.C:
 			expired = true
 		case <-ctx.Done():
 		}
 		cancel()
-		recheck.Stop()
+		timer.Stop()
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
@@ -147,7 +151,7 @@ func (s *Server) agentWork(c echo.Context) error {
 		return err
 	}
 	var runs []models.TaskRun
-	_, err = s.longPollUntil(c.Request().Context(), nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
+	_, err = s.longPollUntil(c.Request().Context(), models.WakeWork, nodeID, wait, maxPollWait, func(ctx context.Context) (bool, time.Time, error) {
 		var err error
 		runs, err = s.cfg.Store.ClaimWork(ctx, nodeID, s.ackLease())
 		if err != nil || len(runs) > 0 {
@@ -210,9 +214,18 @@ func (s *Server) failUndeliverable(ctx context.Context, r *models.TaskRun, reaso
 	log.Warn("run not handed out", "reason", reason)
 }
 
+// wantsPeers says whether a run is given $ANNEAL_PEERS: the runs of the
+// verification graph and any command that names it. The list holds every
+// other node of the deployment, too much to read and send with every run of
+// a thousand-node deployment.
+func wantsPeers(r *models.TaskRun) bool {
+	return r.GraphType == fuel.GraphVerification || strings.Contains(r.Spec.Cmd, "ANNEAL_PEERS")
+}
+
 // workItem is one claimed run as its agent receives it.
 func (s *Server) workItem(ctx context.Context, r models.TaskRun) (protocol.WorkItem, error) {
-	rc, err := s.cfg.Store.RunContext(ctx, &r)
+	peers := wantsPeers(&r)
+	rc, err := s.cfg.Store.RunContextWith(ctx, &r, peers)
 	if err != nil {
 		return protocol.WorkItem{}, err
 	}
@@ -220,8 +233,10 @@ func (s *Server) workItem(ctx context.Context, r models.TaskRun) (protocol.WorkI
 	if env == nil {
 		env = map[string]string{}
 	}
-	// The verification graph checks that each peer answers there.
-	env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
+	if peers {
+		// The verification graph checks that each peer answers there.
+		env["ANNEAL_PEERS"] = strings.Join(rc.Peers, " ")
+	}
 	item := protocol.WorkItem{
 		RunID: r.ID, Attempt: r.Attempt, TransactionID: r.TransactionID.String(), Graph: r.GraphType,
 		// Special tasks the agent runs were turned into shell at
@@ -463,48 +478,82 @@ func bindRunResult(c echo.Context, res *protocol.RunResult) error {
 	return decodeStrict(body, res, true, true)
 }
 
-// workHub wakes long polls of one node when Postgres announces work for it.
+// workHub wakes long polls of one node when Postgres announces work for it:
+// the runs dispatched to it or its software deployments, apart, so that a
+// dispatch does not also wake the node's software poll.
 type workHub struct {
 	log *slog.Logger
 	// events, when set, receives the live event stream's notifications,
 	// read on the same LISTEN connection.
 	events  *eventHub
 	mu      sync.Mutex
-	waiters map[int64]map[chan struct{}]struct{}
+	waiters map[wakeKey]map[chan struct{}]struct{}
+}
+
+// wakeKey is what a long poll waits for: a kind (models.WakeWork or
+// models.WakeSoftware) of change on a node.
+type wakeKey struct {
+	kind   string
+	nodeID int64
 }
 
 func newWorkHub(log *slog.Logger) *workHub {
-	return &workHub{log: log, waiters: map[int64]map[chan struct{}]struct{}{}}
+	return &workHub{log: log, waiters: map[wakeKey]map[chan struct{}]struct{}{}}
 }
 
-// wait registers interest in the node's next wake-up.
-func (h *workHub) wait(nodeID int64) (<-chan struct{}, func()) {
+// wait registers interest in the node's next wake-up of this kind.
+func (h *workHub) wait(kind string, nodeID int64) (<-chan struct{}, func()) {
+	key := wakeKey{kind, nodeID}
 	ch := make(chan struct{}, 1)
 	h.mu.Lock()
-	if h.waiters[nodeID] == nil {
-		h.waiters[nodeID] = map[chan struct{}]struct{}{}
+	if h.waiters[key] == nil {
+		h.waiters[key] = map[chan struct{}]struct{}{}
 	}
-	h.waiters[nodeID][ch] = struct{}{}
+	h.waiters[key][ch] = struct{}{}
 	h.mu.Unlock()
 	return ch, func() {
 		h.mu.Lock()
-		delete(h.waiters[nodeID], ch)
-		if len(h.waiters[nodeID]) == 0 {
-			delete(h.waiters, nodeID)
+		delete(h.waiters[key], ch)
+		if len(h.waiters[key]) == 0 {
+			delete(h.waiters, key)
 		}
 		h.mu.Unlock()
 	}
 }
 
-func (h *workHub) wake(nodeID int64) {
+func (h *workHub) wake(kind string, nodeID int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for ch := range h.waiters[nodeID] {
+	for ch := range h.waiters[wakeKey{kind, nodeID}] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// notified wakes the waiters a notification's payload names: "w:<id>" or
+// "s:<id>", or a bare "<id>" (sent by earlier versions, during a rolling
+// upgrade) for both kinds.
+func (h *workHub) notified(payload string) error {
+	kind, id, found := strings.Cut(payload, ":")
+	if !found {
+		kind, id = "", payload
+	}
+	nodeID, err := strconv.ParseInt(id, 10, 64)
+	if err != nil {
+		return fmt.Errorf("node id %q: %w", id, err)
+	}
+	switch kind {
+	case models.WakeWork, models.WakeSoftware:
+		h.wake(kind, nodeID)
+	case "":
+		h.wake(models.WakeWork, nodeID)
+		h.wake(models.WakeSoftware, nodeID)
+	default:
+		return fmt.Errorf("unknown kind %q", kind)
+	}
+	return nil
 }
 
 // closeAll wakes every waiter (on shutdown, or when notifications may have
@@ -571,12 +620,9 @@ func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) 
 			}
 			continue
 		}
-		id, err := strconv.ParseInt(n.Payload, 10, 64)
-		if err != nil {
-			h.log.Warn("ignoring malformed work notification", "payload", n.Payload)
-			continue
+		if err := h.notified(n.Payload); err != nil {
+			h.log.Warn("ignoring malformed work notification", "payload", n.Payload, "error", err)
 		}
-		h.wake(id)
 	}
 }
 

@@ -46,6 +46,7 @@ func main() {
 	flag.DurationVar(&cfg.AckLease, "ack-lease", 0, "how long a run handed to an agent waits for its acknowledgement before it is offered again (0: 5s; keep it below the heartbeat timeout)")
 	flag.BoolVar(&cfg.NoWorker, "no-worker", false, "serve only the API")
 	flag.StringVar(&cfg.TemporalUI, "temporal-ui", os.Getenv("TEMPORAL_UI"), "base URL of the Temporal Web UI, for the API's links to workflows (e.g. http://127.0.0.1:8233)")
+	flag.BoolVar(&cfg.TemporalGzip, "temporal-gzip", os.Getenv("TEMPORAL_GZIP") == "true", "gzip the gRPC requests to Temporal (worth it over a slow link only)")
 	flag.StringVar(&bootstrapFile, "bootstrap-token-file", "", "a file holding the first admin token (ann_...), stored if no admin token exists yet; or set ANNEAL_BOOTSTRAP_TOKEN")
 	flag.StringVar(&secretKeyFile, "secret-key-file", "", "a file of secret keys (base64 of 32 bytes each, one a line, the first one encrypting) sealing the deployments' secrets and every Temporal payload; or set "+secrets.EnvKey)
 	flag.StringVar(&codecOrigins, "codec-origin", "", "comma-separated browser origins allowed to call the codec server /api/v1/codec (default: the -temporal-ui origin)")

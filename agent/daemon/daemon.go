@@ -84,14 +84,15 @@ type Config struct {
 	// LogShipEvery is how often a running run's new log lines are sent to
 	// the API; default 1s.
 	LogShipEvery time.Duration
-	// PollWait is how long the API may hold a work fetch; default 25s.
+	// PollWait is how long the API may hold a work fetch; default 55s,
+	// under the API's longest (60s): an idle agent asks about once a minute.
 	PollWait time.Duration
 	// RetryMin and RetryMax bound the exponential backoff between retries
 	// of failed calls; defaults 200ms and 10s.
 	RetryMin, RetryMax time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// HTTPClient defaults to a plain client. Each call sets its own deadline,
+	// HTTPClient defaults to NewHTTPClient(). Each call sets its own deadline,
 	// so it should have no overall Timeout shorter than PollWait.
 	HTTPClient *http.Client
 	// Executor runs the work items; default a ShellExecutor in WorkDir.
@@ -200,6 +201,16 @@ func Run(ctx context.Context, cfg Config) error {
 	return a.outcome(actx, nil)
 }
 
+// NewHTTPClient is the agent's default client: its own transport that keeps
+// a connection for each request it may have in flight to the API (the work
+// poll, the software poll, a heartbeat, a run's report), where
+// http.DefaultTransport keeps two and the others dial anew each time.
+func NewHTTPClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 4
+	return &http.Client{Transport: t}
+}
+
 func newAgent(cfg Config) (*agent, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("no node name given")
@@ -214,7 +225,7 @@ func newAgent(cfg Config) (*agent, error) {
 		cfg.RunHeartbeatEvery = 5 * time.Second
 	}
 	if cfg.PollWait <= 0 {
-		cfg.PollWait = 25 * time.Second
+		cfg.PollWait = 55 * time.Second
 	}
 	if cfg.LogShipEvery <= 0 {
 		cfg.LogShipEvery = time.Second
@@ -230,7 +241,7 @@ func newAgent(cfg Config) (*agent, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{}
+		cfg.HTTPClient = NewHTTPClient()
 	}
 	if cfg.APIURL != "" {
 		if err := checkURL(cfg.APIURL); err != nil {

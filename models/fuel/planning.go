@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
@@ -299,12 +300,16 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 			return fmt.Errorf("persist runs of %s graph %d: %w", txn.ID, gi, err)
 		}
 	}
-	edges := make([]models.RunEdge, len(p.Edges))
-	for i, e := range p.Edges {
-		edges[i] = models.RunEdge{ParentID: runs[e.From].ID, ChildID: runs[e.To].ID}
-	}
-	if len(edges) > 0 {
-		if err := tx.CreateInBatches(&edges, 2000).Error; err != nil {
+	// The edges in one statement, as two arrays: a 1,000-node graph has
+	// tens of thousands, and batches of INSERT ... VALUES cost seconds.
+	if len(p.Edges) > 0 {
+		parents, children := make([]int64, len(p.Edges)), make([]int64, len(p.Edges))
+		for i, e := range p.Edges {
+			parents[i], children[i] = runs[e.From].ID, runs[e.To].ID
+		}
+		err := tx.Exec(`INSERT INTO run_edges (parent_id, child_id) SELECT * FROM unnest(?::bigint[], ?::bigint[])`,
+			pq64(parents), pq64(children)).Error
+		if err != nil {
 			return fmt.Errorf("persist edges of %s graph %d: %w", txn.ID, gi, err)
 		}
 	}
@@ -372,4 +377,17 @@ type edgeRow struct {
 	ParentID, ChildID          int64
 	ParentNode, ChildNode      int64
 	ParentState, ChildNodeName string
+}
+
+// pq64 writes ids as a Postgres array literal, {1,2,3}.
+func pq64(ids []int64) string {
+	b := make([]byte, 0, len(ids)*8+2)
+	b = append(b, '{')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(append(b, '}'))
 }

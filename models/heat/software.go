@@ -997,8 +997,8 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 		var n []notifiedRow
 		err = tx.Raw(`UPDATE software_deployments SET status = ?, status_reason = '', resolved_inputs = ?,
 version = nextval('software_deployment_version_seq'), updated_at = now()
-WHERE id = ? AND round = ? RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
-			contract.SoftwareInProgress, swJSON(resolved), id, round, models.WorkChannel).Scan(&n).Error
+WHERE id = ? AND round = ? RETURNING id, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
+			contract.SoftwareInProgress, swJSON(resolved), id, round, models.WorkChannel, models.WakeSoftware).Scan(&n).Error
 		if err != nil {
 			return fmt.Errorf("start round %d of software deployment %d: %w", round, id, err)
 		}
@@ -1026,8 +1026,8 @@ output_values = CASE WHEN signaled_round = round THEN
   ELSE output_values END,
 version = nextval('software_deployment_version_seq'), updated_at = now()
 WHERE id = ? AND round = ? AND status IN ?
-RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`,
-		status, models.StripNUL(reason), id, round, []string{contract.SoftwareWaiting, contract.SoftwareInProgress}, models.WorkChannel).Scan(&n).Error
+RETURNING id, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
+		status, models.StripNUL(reason), id, round, []string{contract.SoftwareWaiting, contract.SoftwareInProgress}, models.WorkChannel, models.WakeSoftware).Scan(&n).Error
 	if err != nil {
 		return false, fmt.Errorf("finish round %d of software deployment %d: %w", round, id, err)
 	}

@@ -69,7 +69,11 @@ type Config struct {
 	// Keys seal the deployments' secrets and every Temporal payload
 	// (required: -secret-key-file or ANNEAL_SECRET_KEY).
 	Keys *secrets.Keyring
-	Log  *slog.Logger
+	// TemporalGzip compresses the gRPC requests to Temporal, the SDK's
+	// default. Off by default: on a local network it costs CPU on both
+	// sides of every call for little; turn it on over a slow link.
+	TemporalGzip bool
+	Log          *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -129,6 +133,12 @@ func Run(ctx context.Context, cfg Config) error {
 	copts.ConnectionOptions.TLS = tlsCfg
 	if cfg.TemporalTLS.APIKey != "" {
 		copts.Credentials = client.NewAPIKeyStaticCredentials(cfg.TemporalTLS.APIKey)
+	}
+	// No gzip unless asked: on a local network it costs CPU on both sides
+	// of every call for little.
+	copts.ConnectionOptions.GrpcCompression = &client.GrpcCompressionNone{}
+	if cfg.TemporalGzip {
+		copts.ConnectionOptions.GrpcCompression = &client.GrpcCompressionGzip{}
 	}
 	tc, err := client.DialContext(ctx, copts)
 	if err != nil {
