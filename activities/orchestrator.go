@@ -69,21 +69,7 @@ func (a *Activities) RunOnOrchestrator(ctx context.Context, in contract.RunTaskI
 		return &contract.RunOutcome{}, nil
 	}
 	log := a.Log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
-	// Keep the activity alive while the command runs.
-	beat, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() {
-		t := time.NewTicker(5 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-beat.Done():
-				return
-			case <-t.C:
-				activity.RecordHeartbeat(ctx)
-			}
-		}
-	}()
+	defer keepAlive(ctx)() // the command runs in this worker
 	var res protocol.RunResult
 	switch run.TaskType {
 	case fuel.TaskMoveToBootstrap:
@@ -172,4 +158,31 @@ func (a *Activities) orchestratorDir() string {
 		return a.OrchestratorDir
 	}
 	return filepath.Join(os.TempDir(), "anneal-orchestrator")
+}
+
+// keepAlive heartbeats the activity of ctx until the returned stop is
+// called: the worker runs the command itself (orchestrator and ssh jigs),
+// so nobody else heartbeats for it. The beat is well within the activity's
+// heartbeat timeout (a third of it, at most every 5 s; the SDK throttles
+// what it sends).
+func keepAlive(ctx context.Context) (stop func()) {
+	every := 5 * time.Second
+	if hb := activity.GetInfo(ctx).HeartbeatTimeout; hb > 0 && hb/3 < every {
+		every = max(hb/3, 100*time.Millisecond)
+	}
+	activity.RecordHeartbeat(ctx)
+	beat, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-beat.Done():
+				return
+			case <-t.C:
+				activity.RecordHeartbeat(ctx)
+			}
+		}
+	}()
+	return cancel
 }

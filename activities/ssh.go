@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"golang.org/x/crypto/ssh"
 
@@ -71,27 +70,7 @@ func (a *Activities) RunOverSSH(ctx context.Context, in contract.RunTaskInput) (
 	if run.State == contract.RunSucceeded {
 		return &contract.RunOutcome{}, nil // a retry after it succeeded: do not run twice
 	}
-	beat, stop := context.WithCancel(ctx)
-	defer stop()
-	// Heartbeat well within the activity's heartbeat timeout (the SDK
-	// throttles what it sends).
-	every := 5 * time.Second
-	if hb := activity.GetInfo(ctx).HeartbeatTimeout; hb > 0 && hb/3 < every {
-		every = max(hb/3, 100*time.Millisecond)
-	}
-	activity.RecordHeartbeat(ctx)
-	go func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-beat.Done():
-				return
-			case <-t.C:
-				activity.RecordHeartbeat(ctx)
-			}
-		}
-	}()
+	defer keepAlive(ctx)()
 	res, err := a.sshRun(ctx, run, node)
 	if err != nil {
 		return nil, err
