@@ -55,6 +55,9 @@ type Activities struct {
 // state writes (the kernel store).
 type Runs interface {
 	DispatchRun(ctx context.Context, runID int64, token []byte) (*models.TaskRun, error)
+	DispatchChain(ctx context.Context, runIDs []int64, token []byte) (*models.TaskRun, error)
+	CutChain(ctx context.Context, head int64) error
+	EndLostChain(ctx context.Context, head int64, reason string) (*contract.LostChainEnd, error)
 	FailRun(ctx context.Context, runID int64, reason string, blocked []int64) error
 	CancelRuns(ctx context.Context, ids []int64, reason string) error
 	RunStates(ctx context.Context, ids []int64) (map[int64]string, error)
@@ -155,6 +158,59 @@ func (a *Activities) RunTaskOnNode(ctx context.Context, in contract.RunTaskInput
 		return nil, temporal.NewNonRetryableApplicationError(
 			fmt.Sprintf("run %d (%s on %s) is %s and cannot be dispatched", in.RunID, in.Task, in.Node, run.State), contract.ErrTypeNotDispatchable, nil)
 	}
+}
+
+// RunChainOnNode hands a chain of a node's runs to its agent under one
+// activity: the first is dispatched here, and the API dispatches each next
+// one when the agent reports the one before succeeded, then completes this
+// activity with the states of the chain's runs when the chain ends (its
+// last run, a failure, or a stop). Every run keeps its own row, attempt,
+// log and exit code; only the Temporal actions are shared. An attempt
+// after an earlier one got some way resumes at the chain's first run that
+// has not ended well, so no run is executed twice.
+func (a *Activities) RunChainOnNode(ctx context.Context, in contract.RunChainInput) (*contract.ChainOutcome, error) {
+	if len(in.Runs) == 0 {
+		return nil, temporal.NewNonRetryableApplicationError("a chain needs at least one run", contract.ErrTypeBadInput, nil)
+	}
+	info := activity.GetInfo(ctx)
+	ids := make([]int64, len(in.Runs))
+	for i, r := range in.Runs {
+		ids[i] = r.RunID
+	}
+	var run *models.TaskRun
+	first := contract.RunTaskInput{RunID: ids[0], Task: in.Runs[0].Task, Node: in.Node}
+	err := a.whenNodeFree(ctx, first, func() error {
+		var err error
+		run, err = a.Runs.DispatchChain(ctx, ids, info.TaskToken)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if run != nil {
+		a.Log.Info("chain dispatched to agent", "transaction", run.TransactionID, "node", in.Node, "runs", len(ids),
+			"task", run.TaskName, "run", run.ID, "attempt", run.Attempt, "activity_attempt", info.Attempt)
+		return nil, activity.ErrResultPending
+	}
+	// Nothing left to run: every run ended well already (an earlier
+	// attempt, LCM), or the chain stops at a blocked or cancelled one.
+	states, err := a.Runs.RunStates(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	return &contract.ChainOutcome{States: states}, nil
+}
+
+// CutChain ends a chain after its running run: the transaction was
+// stopped while the chain ran, and the runs not yet handed out must not be.
+func (a *Activities) CutChain(ctx context.Context, head int64) error {
+	return a.Runs.CutChain(ctx, head)
+}
+
+// EndLostChain ends a chain whose activity ended without a report, and
+// answers how that left its runs (see models.(*Store).EndLostChain).
+func (a *Activities) EndLostChain(ctx context.Context, in contract.LostChain) (*contract.LostChainEnd, error) {
+	return a.Runs.EndLostChain(ctx, in.Head, in.Reason)
 }
 
 // A run whose node is busy waits inside its activity, heartbeating, for

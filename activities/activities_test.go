@@ -73,6 +73,28 @@ func (f *fakeRuns) DispatchRun(_ context.Context, runID int64, token []byte) (*m
 	return &out, nil
 }
 
+// DispatchChain walks the chain as the kernel store does: runs that ended
+// well are passed over, the first other dispatchable one is dispatched,
+// and a blocked or cancelled one ends the chain.
+func (f *fakeRuns) DispatchChain(ctx context.Context, runIDs []int64, token []byte) (*models.TaskRun, error) {
+	for _, id := range runIDs {
+		f.mu.Lock()
+		run, ok := f.runs[id]
+		f.mu.Unlock()
+		if !ok {
+			return nil, models.NotFound("run", id)
+		}
+		switch run.State {
+		case contract.RunSucceeded, contract.RunSkipped:
+			continue
+		case contract.RunPending, contract.RunRunning, contract.RunFailed:
+			return f.DispatchRun(ctx, id, token)
+		}
+		return nil, nil
+	}
+	return nil, nil
+}
+
 // report is the agent's report as the store records it.
 func (f *fakeRuns) report(runID int64, exit int) {
 	f.mu.Lock()
@@ -94,10 +116,22 @@ func (f *fakeRuns) lastToken() []byte {
 	return f.tokens[len(f.tokens)-1]
 }
 
+func (f *fakeRuns) CutChain(context.Context, int64) error { return nil }
+func (f *fakeRuns) EndLostChain(context.Context, int64, string) (*contract.LostChainEnd, error) {
+	return &contract.LostChainEnd{}, nil
+}
 func (f *fakeRuns) FailRun(context.Context, int64, string, []int64) error { return nil }
 func (f *fakeRuns) CancelRuns(context.Context, []int64, string) error     { return nil }
-func (f *fakeRuns) RunStates(context.Context, []int64) (map[int64]string, error) {
-	return nil, nil
+func (f *fakeRuns) RunStates(_ context.Context, ids []int64) (map[int64]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[int64]string{}
+	for _, id := range ids {
+		if r, ok := f.runs[id]; ok {
+			out[id] = r.State
+		}
+	}
+	return out, nil
 }
 func (f *fakeRuns) AbandonNodeRuns(context.Context, uuid.UUID, int, int64, string) error { return nil }
 func (f *fakeRuns) SucceedNoOp(context.Context, int64) error                             { return nil }
@@ -217,6 +251,41 @@ func TestRunTaskOnNodeWaitsForTheDatabase(t *testing.T) {
 	require.ErrorIs(t, err, activity.ErrResultPending, "dispatched once the database answered")
 	assert.Equal(t, 1, runs.dispatches)
 	assert.Zero(t, runs.down)
+}
+
+// RunChainOnNode hands the whole chain to the store and waits for the API
+// while a run of it was dispatched; when the store dispatched nothing
+// (every run ended well) it completes at once with the runs' states; an
+// empty chain is refused. (The store's walk itself, resuming at the first
+// unfinished run, is tested in models: TestChainsInTheStore.)
+func TestRunChainOnNode(t *testing.T) {
+	var ts testsuite.WorkflowTestSuite
+	env := ts.NewTestActivityEnvironment()
+	done := pendingRun()
+	done.State, done.Attempt = contract.RunSucceeded, 1
+	next := pendingRun()
+	next.ID, next.TaskName = 8, "configure"
+	runs := newFakeRuns(done, next)
+	env.RegisterActivity(&activities.Activities{Runs: runs, Log: quiet})
+	in := contract.RunChainInput{Node: "n1.anneal.test", Runs: []contract.ChainRun{{RunID: 7, Task: "setup"}, {RunID: 8, Task: "configure"}}}
+	_, err := env.ExecuteActivity(contract.RunChainOnNodeActivity, in)
+	require.ErrorIs(t, err, activity.ErrResultPending, "the second run was dispatched, and the API completes the activity")
+	assert.Equal(t, 1, runs.dispatches)
+	assert.Equal(t, 1, runs.runs[7].Attempt, "the run that succeeded is not run again")
+	assert.Equal(t, contract.RunRunning, runs.runs[8].State)
+
+	// Once every run ended well, the chain completes at once with their
+	// states, dispatching nothing.
+	runs.report(8, 0)
+	val, err := env.ExecuteActivity(contract.RunChainOnNodeActivity, in)
+	require.NoError(t, err)
+	var out contract.ChainOutcome
+	require.NoError(t, val.Get(&out))
+	assert.Equal(t, map[int64]string{7: contract.RunSucceeded, 8: contract.RunSucceeded}, out.States)
+	assert.Equal(t, 1, runs.dispatches)
+
+	_, err = env.ExecuteActivity(contract.RunChainOnNodeActivity, contract.RunChainInput{Node: "n1.anneal.test"})
+	assert.Equal(t, contract.ErrTypeBadInput, appErrType(t, err))
 }
 
 func TestUnavailable(t *testing.T) {

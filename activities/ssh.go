@@ -114,6 +114,11 @@ func (a *Activities) sshRun(ctx context.Context, run *models.TaskRun, node *mode
 		return res, nil
 	}
 	settings, err := a.SSH.NodeSSH(ctx, node.ID)
+	if errors.Is(err, models.ErrSSHKeyUnreadable) {
+		// The key was sealed with a key this worker lacks: a retry would
+		// meet the same, the operator must fix the keyring.
+		return fail("the SSH key of node %s cannot be opened: %v", node.Name, err)
+	}
 	if err != nil {
 		return res, err
 	}

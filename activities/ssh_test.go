@@ -2,6 +2,7 @@ package activities_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -29,6 +31,7 @@ type fakeSSH struct {
 	run      models.TaskRun
 	node     models.Node
 	settings models.NodeSSH
+	keyErr   error // what NodeSSH answers instead of the settings
 	outputs  []models.RunOutputs
 	results  []protocol.RunResult
 }
@@ -56,6 +59,9 @@ func (f *fakeSSH) RecordRunResult(_ context.Context, nodeID, runID int64, res pr
 func (f *fakeSSH) NodeSSH(context.Context, int64) (*models.NodeSSH, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.keyErr != nil {
+		return nil, f.keyErr
+	}
 	s := f.settings
 	return &s, nil
 }
@@ -182,6 +188,20 @@ func TestRunOverSSHWrongHostKey(t *testing.T) {
 	}
 	assert.Empty(t, res.StdoutTail, "nothing ran")
 	assert.NotContains(t, f.settings.KnownHosts, ssh.FingerprintSHA256(sshd.HostKey), "a mismatch pins nothing")
+}
+
+// A key sealed with a key the worker lacks fails the run saying so: a
+// retry would meet the same.
+func TestRunOverSSHUnreadableKey(t *testing.T) {
+	_, f := sshFixture(t, `echo should not run`, 30)
+	f.keyErr = fmt.Errorf("node 3: %w: %w", models.ErrSSHKeyUnreadable, secrets.ErrUnknownKey)
+	_, err := runOverSSH(t, f, 0, t.TempDir())
+	require.Error(t, err)
+	assert.Equal(t, contract.ErrTypeTaskFailed, appErrType(t, err))
+	res := f.last(t)
+	assert.Equal(t, -1, res.ExitCode)
+	assert.Contains(t, res.Error, "the SSH key of node n1.anneal.test cannot be opened")
+	assert.Contains(t, res.Error, secrets.ErrUnknownKey.Error())
 }
 
 func TestRunOverSSHServerKilledMidRun(t *testing.T) {

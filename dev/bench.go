@@ -24,6 +24,7 @@ import (
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/worker/server"
+	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
 // bench runs a generated graph (a chain of `true` tasks per node, and one
@@ -38,11 +39,16 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	eager := fs.Bool("eager-activities", false, "start the Temporal dev server with system.enableActivityEagerExecution=true (both sides benefit)")
 	sharedTransport := fs.Bool("shared-agent-transport", false, "all simulated agents share http.DefaultTransport (2 idle connections in all: nearly every agent request dials anew), as the bench did before; by default each agent has its own (daemon.NewHTTPClient), as separate processes would")
 	pprofDir := fs.String("pprof", "", "write CPU profiles of the worker+API and of the agents during the anneal phases into DIR")
+	planOnly := fs.Bool("plan-only", false, "measure planning alone: the bench's deployment and nodes made in Postgres (no Temporal, agents or worker), "+
+		"then per round one transaction of the bench graph planned as the PlanGraph activity does; prints the median (with --pprof DIR, a CPU profile)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *nodes < 2 || *tasks < 2 || *rounds < 1 {
 		return errors.New("bench needs at least 2 nodes, 2 tasks and 1 round")
+	}
+	if *planOnly {
+		return benchPlan(ctx, state, *nodes, *tasks, *rounds, *pprofDir, log)
 	}
 	dir := filepath.Join(state, "bench")
 	if err := os.RemoveAll(dir); err != nil {
@@ -63,7 +69,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	opts := devenv.DefaultTemporalOptions(dir)
 	opts.Port, opts.UIPort = 0, devenv.HeadlessUI
 	if *eager {
-		opts.ExtraArgs = append(opts.ExtraArgs, "--dynamic-config-value", "system.enableActivityEagerExecution=true")
+		opts.ExtraArgs = append(opts.ExtraArgs, eagerActivitiesArgs...)
 	}
 	tmp, err := devenv.EnsureTemporal(ctx, opts, log)
 	if err != nil {
@@ -215,16 +221,17 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 					}
 				}
 				r.hist = readHistories(ctx, tc, txID)
+				r.hist.nodeQueue = activityQueue(ctx, tc, contract.NodeWorkflowID(txID, names[len(names)-1]))
 				fmt.Printf("round %d: anneal: %s\n", round, r.annealCPU.split(r.runs))
 			} else {
 				fmt.Printf("round %d: bare Temporal, %d child workflows x %d no-op activities...\n", round, *nodes, *tasks)
 				meter.start()
-				wall, err := runBare(ctx, tmp.Address, *nodes, *tasks)
+				wall, child, err := runBare(ctx, tmp.Address, *nodes, *tasks)
 				r.bareCPU = meter.stop()
 				if err != nil {
 					return err
 				}
-				r.bare = wall
+				r.bare, r.bareQueue = wall, activityQueue(ctx, tc, child)
 			}
 		}
 		fmt.Printf("round %d: anneal %.2fs, bare %.2fs, ratio %.2f\n", round, r.anneal.Seconds(), r.bare.Seconds(), r.ratio())
@@ -244,7 +251,8 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
   bare Temporal     %8.2f s  %6.0f activities/s
   ratio anneal/bare %8.2f    (target <= 1.0; rounds: %s)
   planning          %8.3f s  (PlanGraph activity, started to completed; %.3f s queued before it started)
-  largest history   %8d events (transaction workflow); node workflows up to %d events (%s)
+  largest history   %8d events (transaction workflow); its graph and node workflows up to %d events (%s)
+  activity queue    scheduled to started: anneal %s; bare %s (next to nothing when eager, %s)
   worker RSS        %8.1f MiB peak%s
   anneal's own CPU per task run: %.2f ms (machine minus Temporal server, / runs); %.2f ms measured in anneal's processes
                                  (%.2f ms counting the whole Postgres cluster: the right figure when it is private, ANNEAL_DEV_PG=private)
@@ -254,6 +262,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		m.bare.Seconds(), float64(bareRuns)/m.bare.Seconds(), m.ratio(), ratios(results),
 		m.hist.planning.Seconds(), m.hist.planningQueued.Seconds(),
 		maxHist, maxChild, m.hist.maxChildID,
+		m.hist.nodeQueue, m.bareQueue, eagerState(*eager),
 		float64(rss)/(1<<20), errSuffix(rssErr),
 		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
 		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
@@ -305,6 +314,7 @@ type roundResult struct {
 	runs                int
 	annealCPU, bareCPU  cpuUse
 	hist                historyStats
+	bareQueue           activityWait // the activities of the first bare child
 	statements, profile string
 	warning             string // the anneal side did not end ready
 }
@@ -373,6 +383,21 @@ func runAnneal(ctx context.Context, api *apiClient) (time.Duration, int, string,
 	}
 }
 
+// eagerActivitiesArgs turn on eager activity execution on a Temporal dev
+// server (off by default in the server): an activity scheduled on the
+// workflow's own task queue goes to the worker that scheduled it with the
+// reply to its workflow task. The worker must not disable it
+// (worker.Options.DisableEagerActivities; server.NewWorker leaves it on).
+var eagerActivitiesArgs = []string{"--dynamic-config-value", "system.enableActivityEagerExecution=true"}
+
+// eagerState says whether the bench asked the server for eager activities.
+func eagerState(on bool) string {
+	if on {
+		return "--eager-activities: on"
+	}
+	return "--eager-activities: off"
+}
+
 func errSuffix(err error) string {
 	if err != nil {
 		return " (unavailable: " + err.Error() + ")"
@@ -438,10 +463,12 @@ func bareChild(ctx workflow.Context, tasks int) error {
 
 func bareNoop(context.Context) error { return nil }
 
-func runBare(ctx context.Context, address string, nodes, tasks int) (time.Duration, error) {
+// runBare runs the bare baseline and returns its time and the id of its
+// first child workflow.
+func runBare(ctx context.Context, address string, nodes, tasks int) (time.Duration, string, error) {
 	c, err := client.Dial(client.Options{HostPort: address, Logger: nopLogger{}})
 	if err != nil {
-		return 0, fmt.Errorf("dial Temporal: %w", err)
+		return 0, "", fmt.Errorf("dial Temporal: %w", err)
 	}
 	defer c.Close()
 	w := worker.New(c, bareQueue, worker.Options{})
@@ -449,19 +476,20 @@ func runBare(ctx context.Context, address string, nodes, tasks int) (time.Durati
 	w.RegisterWorkflow(bareChild)
 	w.RegisterActivity(bareNoop)
 	if err := w.Start(); err != nil {
-		return 0, fmt.Errorf("start bare worker: %w", err)
+		return 0, "", fmt.Errorf("start bare worker: %w", err)
 	}
 	defer w.Stop()
 	start := time.Now()
-	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: fmt.Sprintf("bench-bare-%d", start.UnixNano()), TaskQueue: bareQueue},
+	id := fmt.Sprintf("bench-bare-%d", start.UnixNano())
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: bareQueue},
 		bareParent, nodes, tasks)
 	if err != nil {
-		return 0, fmt.Errorf("start bare workflow: %w", err)
+		return 0, "", fmt.Errorf("start bare workflow: %w", err)
 	}
 	if err := run.Get(ctx, nil); err != nil {
-		return 0, fmt.Errorf("bare workflow: %w", err)
+		return 0, "", fmt.Errorf("bare workflow: %w", err)
 	}
-	return time.Since(start), nil
+	return time.Since(start), id + "/0", nil
 }
 
 type nopLogger struct{}

@@ -230,12 +230,61 @@ func (p *phaseCPU) stop() cpuUse {
 // historyStats are read from Temporal after an anneal round.
 type historyStats struct {
 	txEvents       int           // events in the transaction workflow's history
-	maxChild       int           // longest node workflow history
+	maxChild       int           // longest history of a graph or node workflow
 	maxChildID     string        // its workflow id
 	children       int           // node workflows started
 	planning       time.Duration // PlanGraph: started to completed
 	planningQueued time.Duration // PlanGraph: scheduled to started
+	nodeQueue      activityWait  // the activities of one node workflow
 	err            error
+}
+
+// activityWait is how long a workflow's activities waited between being
+// scheduled and started: a trip through matching to a poller, or next to
+// nothing when the server hands them to the worker with the workflow
+// task's reply (eager execution, `dev bench --eager-activities`).
+type activityWait struct {
+	workflowID string
+	median     time.Duration
+	n          int
+	err        error
+}
+
+func (w activityWait) String() string {
+	if w.err != nil {
+		return "unknown (" + w.err.Error() + ")"
+	}
+	return fmt.Sprintf("%.1f ms (median of %d, %s)", float64(w.median.Microseconds())/1000, w.n, w.workflowID)
+}
+
+// activityQueue reads a workflow's history for its activities' waits.
+func activityQueue(ctx context.Context, c client.Client, wfID string) activityWait {
+	w := activityWait{workflowID: wfID}
+	it := c.GetWorkflowHistory(ctx, wfID, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	scheduled := map[int64]time.Time{}
+	var waits []time.Duration
+	for it.HasNext() {
+		ev, err := it.Next()
+		if err != nil {
+			w.err = fmt.Errorf("history of %s: %w", wfID, err)
+			return w
+		}
+		switch ev.GetEventType() {
+		case enumspb.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+			scheduled[ev.GetEventId()] = ev.GetEventTime().AsTime()
+		case enumspb.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+			if at, ok := scheduled[ev.GetActivityTaskStartedEventAttributes().GetScheduledEventId()]; ok {
+				waits = append(waits, ev.GetEventTime().AsTime().Sub(at))
+			}
+		}
+	}
+	if len(waits) == 0 {
+		w.err = fmt.Errorf("no activity started in %s", wfID)
+		return w
+	}
+	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+	w.median, w.n = waits[len(waits)/2], len(waits)
+	return w
 }
 
 // readHistories walks the transaction's history (counting its events,

@@ -1,9 +1,12 @@
 // Command dev is anneal's one-command environment and test harness:
 //
-//	go run ./dev up     [--nodes N]         bring the whole system up until Ctrl-C
+//	go run ./dev up     [--nodes N --eager-activities=false]
+//	                                        bring the whole system up until Ctrl-C
 //	go run ./dev test   [go test args...]   run the whole test suite on real services
 //	go run ./dev bench  [--nodes N --tasks M --rounds R --pprof DIR --eager-activities]
 //	                                        measure a graph against bare Temporal
+//	go run ./dev bench --plan-only [--nodes N --tasks M --rounds R --pprof DIR]
+//	                                        measure the planning of that graph alone
 //	go run ./dev fuzz   [--time 20s] [pkgs...]  run each fuzz target for a while
 //	go run ./dev replay [--since 168h]      replay a running installation's executions on this code
 //	go run ./dev chaos  [--nodes N --tasks M]  kill processes mid-transaction, count lost and doubled runs
@@ -30,6 +33,7 @@ commands:
   up      start Postgres, Temporal (+ Web UI), the worker and API, and simulated nodes
   test    run the whole test suite (go test -race ./...) on a real Postgres and Temporal
   bench   run a graph on simulated nodes and compare with bare Temporal
+          (--plan-only: time the planning of that graph alone, in seconds, not minutes)
   fuzz    run each fuzz target (go test -fuzz) for --time (default 20s), then a summary
   replay  replay the open and recently closed executions of a running installation
           against this checkout's workflow code; exits 1 naming any that would break

@@ -115,14 +115,10 @@ func mayTestDashboard(args []string) bool {
 // migrateOnce migrates a database and closes the connection (a template
 // must have no sessions when it is cloned).
 func migrateOnce(ctx context.Context, url string) error {
-	db, err := models.Open(ctx, url)
+	_, done, err := models.OpenMigrated(ctx, url)
 	if err != nil {
 		return err
 	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return err
-	}
-	defer sqlDB.Close()
-	return models.Migrate(ctx, db)
+	done()
+	return nil
 }

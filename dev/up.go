@@ -33,6 +33,9 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	nodes := fs.Int("nodes", 3, "simulated nodes to start")
 	apiAddr := fs.String("api", server.DefaultAPIAddr, "address of the REST API")
+	eager := fs.Bool("eager-activities", true, "start the Temporal dev server with system.enableActivityEagerExecution=true: "+
+		"the server hands an activity to the worker that scheduled it with its workflow task's reply, no trip through matching "+
+		"(a server already running on the port is reused as it is)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -60,6 +63,9 @@ func up(ctx context.Context, root, state string, args []string, log *slog.Logger
 	codecAddr := fmt.Sprintf("127.0.0.1:%d", DefaultCodecProxyPort)
 	topts := devenv.DefaultTemporalOptions(state)
 	topts.ExtraArgs = append(topts.ExtraArgs, "--ui-codec-endpoint", "http://"+codecAddr)
+	if *eager {
+		topts.ExtraArgs = append(topts.ExtraArgs, eagerActivitiesArgs...)
+	}
 	tmp, err := devenv.EnsureTemporal(ctx, topts, log)
 	if err != nil {
 		return err

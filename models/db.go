@@ -32,9 +32,10 @@ type Store struct {
 	DB *gorm.DB
 	// Domain is the admin DNS domain every node name must lie in.
 	Domain string
-	// Keys seal and open the deployments' secrets (nil: secrets can be
-	// neither set nor read, and a result from a node whose deployment has
-	// secrets is refused, since it could not be redacted).
+	// Keys seal and open the deployments' secrets and the nodes' SSH keys
+	// (nil: they can be neither set nor read, and a result from a node
+	// whose deployment has secrets is refused, since it could not be
+	// redacted).
 	Keys *secrets.Keyring
 }
 
@@ -63,6 +64,24 @@ func Open(ctx context.Context, url string) (*gorm.DB, error) {
 		return nil, fmt.Errorf("ping database: %w", err)
 	}
 	return db, nil
+}
+
+// OpenMigrated opens the database at url and migrates it; done closes its
+// connections.
+func OpenMigrated(ctx context.Context, url string) (db *gorm.DB, done func(), err error) {
+	db, err = Open(ctx, url)
+	if err != nil {
+		return nil, nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, nil, fmt.Errorf("open database: %w", err)
+	}
+	if err := Migrate(ctx, db); err != nil {
+		sqlDB.Close()
+		return nil, nil, err
+	}
+	return db, func() { sqlDB.Close() }, nil
 }
 
 // Migrate applies every migration in models/migrations that the database has

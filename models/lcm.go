@@ -54,6 +54,20 @@ func InputsBase(definition any, node string, data map[string]any) (string, error
 	return hex.EncodeToString(sum[:]), nil
 }
 
+// InputsBaseJSON is InputsBase over the JSON encodings (json.Marshal's) of
+// the definition and of the data: planning encodes each task and each
+// node's data once, not once per run. It writes the very bytes InputsBase
+// encodes, so the hashes agree with those of runs already stored (LCM
+// compares them).
+func InputsBaseJSON(definition []byte, node string, data []byte) string {
+	name, _ := json.Marshal(node) // a string: cannot fail
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(`{"task":`), definition, []byte(`,"node":`), name, []byte(`,"data":`), data, []byte(`}`)} {
+		h.Write(part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 // InputsHash completes base with the outputs of the runs a run depends on.
 // Runs without outputs are not seen by the task and do not count; the
 // order of upstream does not matter.

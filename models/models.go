@@ -167,10 +167,15 @@ type TaskRun struct {
 	NodeRoleID *int64 `json:"noderole_id,omitempty" gorm:"column:noderole_id"`
 	// AttrsIn are the attributes a noderole run was sent; AttrsOut what its
 	// jig handed back (nil until then).
-	AttrsIn   map[string]any `json:"attrs_in,omitempty" gorm:"serializer:json"`
-	AttrsOut  map[string]any `json:"attrs_out,omitempty" gorm:"serializer:json"`
-	CreatedAt time.Time      `json:"created_at"`
-	UpdatedAt time.Time      `json:"updated_at"`
+	AttrsIn  map[string]any `json:"attrs_in,omitempty" gorm:"serializer:json"`
+	AttrsOut map[string]any `json:"attrs_out,omitempty" gorm:"serializer:json"`
+	// ChainHead is the first run of the chain this run was dispatched in
+	// (RunChainOnNode), ChainNext the run the API dispatches once this
+	// one succeeds; both nil on a run dispatched alone.
+	ChainHead *int64    `json:"chain_head,omitempty"`
+	ChainNext *int64    `json:"-"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // RunEdge orders two runs: the parent must succeed before the child starts.

@@ -81,6 +81,14 @@ func (s *Store) AppendRunLog(ctx context.Context, nodeID, runID int64, attempt i
 		return st, &InputError{Status: http.StatusRequestEntityTooLarge, Field: "body",
 			Reason: fmt.Sprintf("a chunk is at most %d bytes, got %d", MaxLogChunkBytes, len(data))}
 	}
+	if offset == 0 && len(data) > 0 {
+		// The common case, a short run's whole log in one chunk: one
+		// statement. Anything else (a log begun already, another node's
+		// run, a later attempt) takes the path below, which says why.
+		if ok, err := s.firstLogChunk(ctx, nodeID, runID, attempt, data); err != nil || ok {
+			return RunLogState{Size: int64(len(data)), Stored: int64(len(data))}, err
+		}
+	}
 	run, err := s.AgentRun(ctx, nodeID, runID)
 	if err != nil {
 		return st, err
@@ -202,4 +210,26 @@ func (s *Store) LatestNodeRoleRun(ctx context.Context, nodeRoleID int64) (*TaskR
 		return nil, fmt.Errorf("load the latest run of noderole %d: %w", nodeRoleID, err)
 	}
 	return &run, nil
+}
+
+// firstLogChunk stores the first chunk of a run attempt's log, and its
+// log's row, in one statement, when the run is the node's, the attempt is
+// not past the run's, and the log has no row yet; false when it stored
+// nothing. The chunk fits under MaxRunLogBytes (MaxLogChunkBytes is
+// smaller).
+func (s *Store) firstLogChunk(ctx context.Context, nodeID, runID int64, attempt int, data []byte) (bool, error) {
+	var stored []int64
+	err := s.DB.WithContext(ctx).Raw(`
+WITH log AS (
+  INSERT INTO run_logs (run_id, attempt, size, stored, truncated, updated_at)
+  SELECT id, @attempt, @size, @size, false, now() FROM task_runs WHERE id = @run AND node_id = @node AND attempt >= @attempt
+  ON CONFLICT DO NOTHING
+  RETURNING run_id
+)
+INSERT INTO run_log_chunks (run_id, attempt, pos, data) SELECT run_id, @attempt, 0, @data FROM log
+RETURNING run_id`, map[string]any{"attempt": attempt, "size": len(data), "run": runID, "node": nodeID, "data": data}).Scan(&stored).Error
+	if err != nil {
+		return false, fmt.Errorf("store log of run %d: %w", runID, err)
+	}
+	return len(stored) == 1, nil
 }

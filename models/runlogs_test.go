@@ -52,6 +52,8 @@ func TestRunLogAppend(t *testing.T) {
 
 	_, err = f.Store.AppendRunLog(f.Ctx, f.Cmp.ID, setup.ID, 1, 12, []byte("x"))
 	assert.ErrorIs(t, err, models.ErrForbidden, "another node's run")
+	_, err = f.Store.AppendRunLog(f.Ctx, f.Cmp.ID, setup.ID, 1, 0, []byte("x"))
+	assert.ErrorIs(t, err, models.ErrForbidden, "another node's run, at the start of its log (the one-statement path)")
 	_, err = f.Store.AppendRunLog(f.Ctx, f.Ctl.ID, setup.ID, 2, 0, []byte("x"))
 	var ie *models.InputError
 	require.ErrorAs(t, err, &ie, "a later attempt than the run's")

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,70 +73,326 @@ func (s *Store) RunStates(ctx context.Context, ids []int64) (map[int64]string, e
 func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*TaskRun, error) {
 	var out *TaskRun
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var owner []struct {
-			NodeID     int64
-			NodeName   string
-			NodeRoleID *int64 `gorm:"column:noderole_id"`
-			State      string
-		}
-		if err := tx.Raw(`SELECT t.node_id, t.node_name, t.noderole_id, t.state FROM task_runs t
+		var err error
+		out, err = dispatch(tx, runID, token, nil, true)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// dispatchable are the states a run may be dispatched from: pending, and
+// running or failed for a retry.
+var dispatchable = []string{contract.RunPending, contract.RunRunning, contract.RunFailed}
+
+// dispatch is DispatchRun inside tx: it locks the run's node, settles the
+// run's inputs (LCM may skip it), checks that the node is free when
+// checkBusy (a chain's later runs follow their predecessor on a node the
+// chain holds), and dispatches it. chain dispatches it as a run of a chain
+// (linked by DispatchChain), claimed for the agent when chain.claim is
+// set; nil dispatches it alone and unlinks it. It returns the run's whole
+// row.
+func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBusy bool) (*TaskRun, error) {
+	var owner []struct {
+		NodeID     int64
+		NodeName   string
+		NodeRoleID *int64 `gorm:"column:noderole_id"`
+		State      string
+	}
+	if err := tx.Raw(`SELECT t.node_id, t.node_name, t.noderole_id, t.state FROM task_runs t
 			JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF n`, runID).Scan(&owner).Error; err != nil {
-			return fmt.Errorf("lock the node of run %d: %w", runID, err)
+		return nil, fmt.Errorf("lock the node of run %d: %w", runID, err)
+	}
+	hash := "" // the final inputs hash, written with the dispatch
+	if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
+		// Every run it depends on has ended: its inputs are final, and
+		// may show that it has nothing to do (LCM).
+		skipped, h, err := settleInputsHash(tx, runID)
+		hash = h
+		if err != nil {
+			return nil, err
 		}
-		dispatchable := []string{contract.RunPending, contract.RunRunning, contract.RunFailed}
-		hash := "" // the final inputs hash, written with the dispatch
-		if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
-			// Every run it depends on has ended: its inputs are final, and
-			// may show that it has nothing to do (LCM).
-			skipped, h, err := settleInputsHash(tx, runID)
-			hash = h
-			if err != nil {
-				return err
-			}
-			if skipped != nil {
-				out = skipped
-				return nil
-			}
+		if skipped != nil {
+			return skipped, nil
+		}
+		if checkBusy {
 			var nr int64
 			if owner[0].NodeRoleID != nil {
 				nr = *owner[0].NodeRoleID
 			}
 			busy, err := NodeRunning(tx, owner[0].NodeID, runID, nr)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if busy != "" {
-				return &NodeBusyError{Node: owner[0].NodeName, Reason: busy}
+				return nil, &NodeBusyError{Node: owner[0].NodeName, Reason: busy}
 			}
 		}
-		var runs []TaskRun
-		if err := tx.Raw(`
+	}
+	var claim float64 // seconds; 0: not claimed, the agents' polls are woken
+	if chain != nil {
+		claim = chain.claim.Seconds()
+	}
+	var runs []TaskRun
+	if err := tx.Raw(`
 UPDATE task_runs
-SET state = ?, attempt = attempt + 1, task_token = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
+SET state = @running, attempt = attempt + 1, task_token = @token, acked_at = NULL,
+    claimed_at = CASE WHEN @claim > 0 THEN now() END,
+    lease_until = CASE WHEN @claim > 0 THEN now() + make_interval(secs => @claim) END,
     started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now(),
-    inputs_hash = CASE WHEN ?::text <> '' THEN ?::text ELSE inputs_hash END
-WHERE id = ? AND state IN ?
-RETURNING id, transaction_id, node_id, node_name, task_name, state, attempt, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
-			contract.RunRunning, token, hash, hash, runID, dispatchable, WorkChannel, WakeWork).Scan(&runs).Error; err != nil {
-			return fmt.Errorf("dispatch run %d: %w", runID, err)
+    inputs_hash = CASE WHEN @hash <> '' THEN @hash ELSE inputs_hash END,
+    chain_head = CASE WHEN @chained THEN chain_head END, chain_next = CASE WHEN @chained THEN chain_next END
+WHERE id = @id AND state IN @dispatchable
+RETURNING *, CASE WHEN @claim > 0 THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
+		map[string]any{"running": contract.RunRunning, "token": token, "claim": claim, "hash": hash, "chained": chain != nil,
+			"id": runID, "dispatchable": dispatchable, "channel": WorkChannel, "wake": WakeWork}).Scan(&runs).Error; err != nil {
+		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
+	}
+	if len(runs) == 1 {
+		return &runs[0], nil
+	}
+	var run TaskRun
+	err := tx.Take(&run, runID).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, NotFound("run", runID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load run %d: %w", runID, err)
+	}
+	return &run, nil
+}
+
+// chainLink dispatches a run as one of the chain headed by head (linked
+// by DispatchChain), claimed for the agent for claim when it is set: the
+// run goes back in the answer to its predecessor's report, so no poll is
+// woken for it.
+type chainLink struct {
+	head  int64
+	claim time.Duration
+}
+
+// DispatchChain hands a chain of a node's runs to its agent under one
+// activity (token): the runs, in order, each starting when the one before
+// succeeded, with no cross-node wait between them. It links the runs
+// (chain_head, chain_next) and dispatches the first that has not ended
+// well yet: runs that already succeeded or were skipped (an earlier
+// attempt got that far) are passed over, so a chain handed out again
+// resumes at its first unfinished run, never at one that ended (a run
+// an agent may still hold was failed or taken back by EndLostChain). LCM may
+// skip runs on the way. It returns the run dispatched, or nil when none
+// is left to run (all ended well, or the next one is blocked or
+// cancelled). A busy node is a *NodeBusyError, as with DispatchRun.
+func (s *Store) DispatchChain(ctx context.Context, runIDs []int64, token []byte) (*TaskRun, error) {
+	if len(runIDs) == 0 {
+		return nil, nil
+	}
+	var out *TaskRun
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		ids, nexts := make([]*int64, len(runIDs)), make([]*int64, len(runIDs))
+		for i := range runIDs {
+			ids[i] = &runIDs[i]
+			if i+1 < len(runIDs) {
+				nexts[i] = &runIDs[i+1]
+			}
 		}
-		if len(runs) == 1 {
-			out = &runs[0]
-			return nil
+		if err := tx.Exec(`UPDATE task_runs t SET chain_head = ?, chain_next = c.next
+FROM unnest(?::bigint[], ?::bigint[]) AS c(id, next) WHERE t.id = c.id`, runIDs[0], int64Array(ids), int64Array(nexts)).Error; err != nil {
+			return fmt.Errorf("link the chain of run %d: %w", runIDs[0], err)
 		}
-		var run TaskRun
-		err := tx.Take(&run, runID).Error
-		if errors.Is(err, gorm.ErrRecordNotFound) {
-			return NotFound("run", runID)
-		}
+		var err error
+		out, err = dispatchChained(tx, runIDs[0], token, chainLink{head: runIDs[0]}, true)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// dispatchChained dispatches run id of a chain and, while it turns out to
+// have ended well already or to be skipped by LCM, the runs after it; nil
+// when the chain has nothing left to run.
+func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, checkBusy bool) (*TaskRun, error) {
+	for {
+		run, err := dispatch(tx, id, token, &chain, checkBusy)
 		if err != nil {
-			return fmt.Errorf("load run %d: %w", runID, err)
+			return nil, err
 		}
-		out = &run
+		switch {
+		case run.State == contract.RunRunning:
+			return run, nil
+		case run.State != contract.RunSucceeded && run.State != contract.RunSkipped, run.ChainNext == nil:
+			return nil, nil // blocked or cancelled, or the last: the chain ends here
+		}
+		id, checkBusy = *run.ChainNext, false
+	}
+}
+
+// ContinueChain is called when the agent reported run of a chain
+// succeeded: it dispatches the chain's next run, passing over runs LCM
+// skips, claimed for that agent for lease (it goes back in the answer to
+// the report: handBack). A report repeated after the next run was
+// dispatched finds it running and dispatches nothing again (handBack
+// false: the agent's poll gets it once the claim's lease ends). It
+// returns nil when the chain has ended (its activity is then to be
+// completed).
+func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Duration) (next *TaskRun, handBack bool, err error) {
+	if run.ChainHead == nil || run.ChainNext == nil || run.State != contract.RunSucceeded {
+		return nil, false, nil
+	}
+	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Walk to the chain's first run not yet ended well, as a repeated
+		// report must not dispatch anything twice.
+		id := *run.ChainNext
+		for {
+			var cur TaskRun
+			// Locked: a cut of the chain (CutChain) waits for this
+			// dispatch, or this sees the cut.
+			if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
+				Select("id", "state", "attempt", "chain_head", "chain_next", "node_name", "task_name", "transaction_id", "node_id").
+				Take(&cur, id).Error; err != nil {
+				return fmt.Errorf("load run %d of the chain of run %d: %w", id, *run.ChainHead, err)
+			}
+			if cur.ChainHead == nil || *cur.ChainHead != *run.ChainHead {
+				return nil // relinked since: another activity holds it
+			}
+			switch cur.State {
+			case contract.RunRunning:
+				next = &cur // already continued by an earlier report
+				return nil
+			case contract.RunPending:
+				var err error
+				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, claim: lease}, false)
+				handBack = next != nil
+				return err
+			case contract.RunSucceeded, contract.RunSkipped:
+				if cur.ChainNext == nil {
+					return nil
+				}
+				id = *cur.ChainNext
+			default:
+				return nil
+			}
+		}
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return next, handBack, nil
+}
+
+// int64Array writes ids as a Postgres bigint[] literal, nil as NULL: a
+// whole list of ids in one statement parameter (unnest(?::bigint[])).
+func int64Array(ids []*int64) string {
+	b := make([]byte, 0, len(ids)*8+2)
+	b = append(b, '{')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if id == nil {
+			b = append(b, "NULL"...)
+			continue
+		}
+		b = strconv.AppendInt(b, *id, 10)
+	}
+	return string(append(b, '}'))
+}
+
+// CutChain ends the chain headed by head after the run now running: its
+// runs not yet dispatched are unlinked, so the API hands out none of them
+// and completes the chain's activity when the running one is reported.
+// The workflow calls it when its transaction is stopped during a chain.
+func (s *Store) CutChain(ctx context.Context, head int64) error {
+	// The rows are locked in id order (plan order), as ContinueChain locks
+	// them, so that the two never deadlock.
+	if err := s.DB.WithContext(ctx).Exec(`UPDATE task_runs SET chain_head = NULL, chain_next = NULL
+WHERE id IN (SELECT id FROM task_runs WHERE chain_head = ? AND state = ? ORDER BY id FOR UPDATE)`, head, contract.RunPending).Error; err != nil {
+		return fmt.Errorf("cut the chain of run %d: %w", head, err)
+	}
+	return nil
+}
+
+// EndLostChain ends, in one database transaction, a chain whose activity
+// ended without a report: its runs not yet dispatched are unlinked (the
+// API hands out none of them); a running run no agent acknowledged is
+// taken back to pending, to be handed out again; a running run an agent
+// did acknowledge fails with reason (its report, should it still come, is
+// refused as late). It answers the states of the chain's runs after that,
+// so the workflow and Postgres agree on each, whatever a report racing
+// with it did.
+func (s *Store) EndLostChain(ctx context.Context, head int64, reason string) (*contract.LostChainEnd, error) {
+	out := &contract.LostChainEnd{States: map[int64]string{}}
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var rows []struct {
+			ID      int64
+			State   string
+			AckedAt *time.Time
+		}
+		// Locked in id order (plan order), as ContinueChain locks them.
+		if err := tx.Raw("SELECT id, state, acked_at FROM task_runs WHERE chain_head = ? ORDER BY id FOR UPDATE", head).
+			Scan(&rows).Error; err != nil {
+			return fmt.Errorf("lock the chain of run %d: %w", head, err)
+		}
+		for _, r := range rows {
+			st := r.State
+			switch {
+			case r.State == contract.RunPending:
+				if err := tx.Exec("UPDATE task_runs SET chain_head = NULL, chain_next = NULL WHERE id = ?", r.ID).Error; err != nil {
+					return fmt.Errorf("cut run %d from its chain: %w", r.ID, err)
+				}
+			case r.State == contract.RunRunning && r.AckedAt == nil:
+				if err := tx.Exec(`UPDATE task_runs SET state = ?, claimed_at = NULL, lease_until = NULL, started_at = NULL,
+chain_head = NULL, chain_next = NULL, updated_at = now() WHERE id = ?`, contract.RunPending, r.ID).Error; err != nil {
+					return fmt.Errorf("take back run %d: %w", r.ID, err)
+				}
+				st = contract.RunPending
+				out.TakenBack = append(out.TakenBack, r.ID)
+			case r.State == contract.RunRunning:
+				if err := tx.Exec("UPDATE task_runs SET state = ?, error = ?, finished_at = now(), updated_at = now() WHERE id = ?",
+					contract.RunFailed, reason, r.ID).Error; err != nil {
+					return fmt.Errorf("fail run %d: %w", r.ID, err)
+				}
+				st = contract.RunFailed
+			}
+			out.States[r.ID] = st
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// TakeBackDispatch returns a dispatched run to pending as long as no agent
+// has acknowledged it (an agent that claimed it is then refused at its
+// ack, and does not run it): a chain's next run handed out just as its
+// transaction was stopped. It reports whether it took it back. The
+// attempt number stays raised: the next dispatch skips one, which only
+// shows in the run's attempt count.
+func (s *Store) TakeBackDispatch(ctx context.Context, runID int64, attempt int) (bool, error) {
+	res := s.DB.WithContext(ctx).Exec(`UPDATE task_runs
+SET state = ?, claimed_at = NULL, lease_until = NULL, started_at = NULL, updated_at = now()
+WHERE id = ? AND attempt = ? AND state = ? AND acked_at IS NULL`, contract.RunPending, runID, attempt, contract.RunRunning)
+	if res.Error != nil {
+		return false, fmt.Errorf("take back the dispatch of run %d: %w", runID, res.Error)
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// ChainStates returns the states of the runs of the chain headed by head:
+// the outcome of its activity.
+func (s *Store) ChainStates(ctx context.Context, head int64) (map[int64]string, error) {
+	var rows []TaskRun
+	if err := s.DB.WithContext(ctx).Select("id", "state").Where("chain_head = ?", head).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("load the states of the chain of run %d: %w", head, err)
+	}
+	out := make(map[int64]string, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r.State
 	}
 	return out, nil
 }

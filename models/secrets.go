@@ -167,6 +167,11 @@ func (s *Store) openSecrets(tx *gorm.DB, deploymentID int64, names []string) (ma
 	if err := q.Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("load secrets: %w", err)
 	}
+	return s.openRows(rows)
+}
+
+// openRows decrypts sealed secrets, by name.
+func (s *Store) openRows(rows []Secret) (map[string]string, error) {
 	out := make(map[string]string, len(rows))
 	if len(rows) == 0 {
 		return out, nil
@@ -217,11 +222,13 @@ func (s *Store) NodeSecrets(ctx context.Context, nodeID int64, names []string) (
 // reports (outputs, output tails, errors, attributes, signals) passes
 // through it before it is stored, whatever the agent did.
 func (s *Store) NodeRedactor(tx *gorm.DB, nodeID int64) (*secrets.Redactor, error) {
-	var dep int64
-	if err := tx.Model(&Node{}).Select("deployment_id").Where("id = ?", nodeID).Scan(&dep).Error; err != nil {
-		return nil, fmt.Errorf("load the deployment of node %d: %w", nodeID, err)
+	// One round trip: it runs for every report.
+	var rows []Secret
+	if err := tx.Raw("SELECT s.* FROM secrets s JOIN nodes n ON n.deployment_id = s.deployment_id WHERE n.id = ?", nodeID).
+		Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("load the secrets of node %d: %w", nodeID, err)
 	}
-	vals, err := s.openSecrets(tx, dep, nil)
+	vals, err := s.openRows(rows)
 	if err != nil {
 		return nil, fmt.Errorf("redact the report of node %d: %w", nodeID, err)
 	}
@@ -232,15 +239,25 @@ func (s *Store) NodeRedactor(tx *gorm.DB, nodeID int64) (*secrets.Redactor, erro
 	return secrets.NewRedactor(all...), nil
 }
 
+// Rotated counts what RotateSecrets sealed with the first key.
+type Rotated struct {
+	// Secrets is how many deployment secrets were sealed again.
+	Secrets int
+	// NodeKeys is how many node SSH keys were sealed again or, stored in
+	// the clear from before keys were sealed, sealed for the first time.
+	NodeKeys int
+}
+
 // RotateSecrets seals again, with the keyring's first key, every secret
-// sealed with another key, and returns how many it re-sealed. Once it
-// returns, the old keys can be dropped from the keyring (Temporal
-// payloads sealed with them stay readable only while they are kept).
-func (s *Store) RotateSecrets(ctx context.Context) (int, error) {
+// and node SSH key sealed with another key, seals the node keys still
+// stored in the clear, and returns how many of each. Once it returns, the
+// old keys can be dropped from the keyring (Temporal payloads sealed with
+// them stay readable only while they are kept).
+func (s *Store) RotateSecrets(ctx context.Context) (Rotated, error) {
+	var out Rotated
 	if s.Keys == nil {
-		return 0, ErrNoSecretKey
+		return out, ErrNoSecretKey
 	}
-	n := 0
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var rows []Secret
 		if err := tx.Raw("SELECT * FROM secrets WHERE key_id <> ? FOR UPDATE", s.Keys.PrimaryID()).Scan(&rows).Error; err != nil {
@@ -260,11 +277,16 @@ func (s *Store) RotateSecrets(ctx context.Context) (int, error) {
 				id, sealed, r.DeploymentID, r.Name).Error; err != nil {
 				return fmt.Errorf("re-seal secret %s: %w", r.Name, err)
 			}
-			n++
+			out.Secrets++
 		}
-		return nil
+		var err error
+		out.NodeKeys, err = s.sealNodeKeys(tx, true)
+		return err
 	})
-	return n, err
+	if err != nil {
+		return Rotated{}, err
+	}
+	return out, nil
 }
 
 // GetSecret is the key of a secret reference inside attributes and Heat

@@ -57,7 +57,7 @@ func TestSecretsSealListOpenRotate(t *testing.T) {
 	require.NoError(t, err)
 	n, err := s.RotateSecrets(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, 1, n)
+	assert.Equal(t, models.Rotated{Secrets: 1}, n)
 	n, err = s.RotateSecrets(ctx)
 	require.NoError(t, err)
 	assert.Zero(t, n, "nothing left to re-seal")

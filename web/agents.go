@@ -208,7 +208,7 @@ func (s *Server) failUndeliverable(ctx context.Context, r *models.TaskRun, reaso
 		return
 	}
 	msg := fmt.Sprintf("task %s failed on %s: %s", r.TaskName, r.NodeName, reason)
-	if err := contract.CompleteRunOnNode(ctx, s.cfg.Temporal, r.TaskToken, false, -1, msg); err != nil {
+	if err := s.completeActivity(ctx, r, false, -1, msg); err != nil {
 		log.Warn("could not complete an undeliverable run's activity", "error", err)
 	}
 	log.Warn("run not handed out", "reason", reason)
@@ -363,6 +363,13 @@ func (s *Server) agentRunAck(c echo.Context) error {
 	if run.State != contract.RunRunning {
 		return apiError(http.StatusConflict, "run_not_running", fmt.Sprintf("run %d is %s, not running: do not execute it", runID, run.State))
 	}
+	if run.ChainHead != nil && *run.ChainHead != run.ID {
+		// A chain's run after its first: the chain's activity is
+		// heartbeated by continueChain as often as it needs (each heartbeat
+		// is a write on the Temporal server; the agent's run heartbeats
+		// cover a long run).
+		return c.JSON(http.StatusOK, protocol.RunAckResponse{})
+	}
 	cancel, err := s.activityHeartbeat(ctx, run)
 	if err != nil {
 		// The acknowledgement is stored; the run heartbeats will follow.
@@ -371,10 +378,12 @@ func (s *Server) agentRunAck(c echo.Context) error {
 	return c.JSON(http.StatusOK, protocol.RunAckResponse{Cancel: cancel})
 }
 
-// activityHeartbeat records a heartbeat of a run's activity. cancel is true
-// when the activity no longer exists (the workflow stopped awaiting it).
+// activityHeartbeat records a heartbeat of a run's activity, its details
+// naming the task running now (a chain's activity runs several). cancel
+// is true when the activity no longer exists (the workflow stopped
+// awaiting it).
 func (s *Server) activityHeartbeat(ctx context.Context, run *models.TaskRun) (cancel bool, err error) {
-	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken)
+	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken, runningDetails(run))
 	var notFound *serviceerror.NotFound
 	switch {
 	case errors.As(err, &notFound):
@@ -441,14 +450,40 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	run := rec.Run
 	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
+	next, handBack, err := s.continueChain(ctx, run)
+	var notFound *serviceerror.NotFound
+	switch {
+	case err != nil && !errors.As(err, &notFound):
+		return err
+	case next != nil:
+		log.Info("run reported; its chain goes on", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed, "next_run", next.ID, "next_task", next.TaskName)
+		answer := protocol.RunResultResponse{RunID: run.ID, State: run.State, NextRunID: next.ID}
+		if handBack {
+			// The next run goes back with the answer, claimed for this
+			// agent: no wake-up and poll of its own.
+			work, err := s.workResponse(ctx, []models.TaskRun{*next})
+			if err != nil {
+				return err
+			}
+			answer.Runs = work.Runs
+		}
+		return c.JSON(http.StatusOK, answer)
+	}
 	msg := fmt.Sprintf("task %s failed on %s with exit code %d", run.TaskName, run.NodeName, res.ExitCode)
 	if run.Error != "" {
 		// The stored error, redacted of the deployment's secrets.
 		msg = fmt.Sprintf("task %s failed on %s: %s", run.TaskName, run.NodeName, run.Error)
 	}
-	err = contract.CompleteRunOnNode(ctx, s.cfg.Temporal, run.TaskToken, run.State == contract.RunSucceeded, res.ExitCode, msg)
-	var notFound *serviceerror.NotFound
+	if err == nil {
+		err = s.completeActivity(ctx, run, run.State == contract.RunSucceeded, res.ExitCode, msg)
+	}
 	switch {
+	case errors.As(err, &notFound) && rec.Changed && run.ChainHead != nil:
+		// A chain's activity ended without this report: the workflow ends
+		// the chain in Postgres (EndLostChain) and reads its runs' states
+		// there, so the stored result stands; had the workflow been first,
+		// the run would have failed and this report been refused above.
+		log.Warn("result stored after its chain's activity ended; the workflow reads it from the database")
 	case errors.As(err, &notFound) && rec.Changed:
 		// The activity timed out before the report came: the workflow has
 		// already moved on, so the run counts as failed.
@@ -464,7 +499,69 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "result stored but the workflow could not be told; send it again: "+err.Error())
 	}
 	log.Info("run reported", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed)
-	return c.JSON(http.StatusOK, map[string]any{"run_id": run.ID, "state": run.State})
+	return c.JSON(http.StatusOK, protocol.RunResultResponse{RunID: run.ID, State: run.State})
+}
+
+// continueChain dispatches the next run of a chain whose run succeeded,
+// then, when a heartbeat is due (chainBeats: one every third of the
+// heartbeat timeout), heartbeats the chain's activity naming it, so that
+// the Web UI shows a task of the chain that runs now and the answer says
+// whether the chain is still awaited. A chain whose activity was cancelled
+// (the transaction is stopping; the workflow normally cuts the chain
+// first) ends here: the dispatch is taken back unless the agent has
+// already taken the run, which then finishes and ends the chain when it
+// is reported. One whose activity is gone (a *serviceerror.NotFound) takes
+// the dispatch back too: this result came too late. It returns the run
+// the chain goes on with (handBack: claimed for the reporting agent, to go
+// back in the answer), or nil when the activity is to be completed now.
+func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (next *models.TaskRun, handBack bool, err error) {
+	next, handBack, err = s.cfg.Store.ContinueChain(ctx, run, s.ackLease())
+	if err != nil || next == nil || !s.beats.due(*run.ChainHead, time.Now()) {
+		return next, handBack, err
+	}
+	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken, runningDetails(next))
+	var notFound *serviceerror.NotFound
+	gone := errors.As(err, &notFound)
+	switch {
+	case gone || temporal.IsCanceledError(err):
+		taken, terr := s.cfg.Store.TakeBackDispatch(ctx, next.ID, next.Attempt)
+		switch {
+		case terr != nil:
+			return nil, false, terr
+		case gone:
+			return nil, false, err // a late result
+		case !taken:
+			return next, false, nil // the agent has it: it finishes, then the chain ends
+		}
+		return nil, false, nil
+	case err != nil:
+		// Temporal is out of reach: the run is dispatched all the same,
+		// and its agent's heartbeats keep the activity alive.
+		s.log.Warn("chain continued but its activity heartbeat failed", "run", next.ID, "error", err)
+	}
+	return next, handBack, nil
+}
+
+// runningDetails are the heartbeat details of a run's activity while the
+// run executes: the Web UI shows them, naming the task of a chain that
+// runs now.
+func runningDetails(run *models.TaskRun) string {
+	return fmt.Sprintf("running %s (run %d, attempt %d)", run.TaskName, run.ID, run.Attempt)
+}
+
+// completeActivity completes the activity a run was dispatched under: its
+// chain's (RunChainOnNode) with the states of the chain's runs, or its own
+// (RunTaskOnNode) with its outcome.
+func (s *Server) completeActivity(ctx context.Context, run *models.TaskRun, succeeded bool, exitCode int, msg string) error {
+	if run.ChainHead == nil {
+		return contract.CompleteRunOnNode(ctx, s.cfg.Temporal, run.TaskToken, succeeded, exitCode, msg)
+	}
+	s.beats.forget(*run.ChainHead)
+	states, err := s.cfg.Store.ChainStates(ctx, *run.ChainHead)
+	if err != nil {
+		return err
+	}
+	return contract.CompleteChainOnNode(ctx, s.cfg.Temporal, run.TaskToken, states)
 }
 
 // bindRunResult reads an agent's report strictly (a bad timestamp is a 400

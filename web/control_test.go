@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,11 +12,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	workflowpb "go.temporal.io/api/workflow/v1"
 
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/workflows/codec"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -28,6 +31,24 @@ func TestStopThroughTheAPI(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")].State == contract.RunRunning
 	}, 20*time.Second, 50*time.Millisecond)
+	// The node's two tasks went as one chain: in Temporal (the Web UI)
+	// the node's pending activity is a RunChainOnNode whose heartbeat
+	// details name the task running now.
+	long := runsByKey(t, st, ans.TaskUUID, "")["long@"+nodeName("ctl")]
+	var pending *workflowpb.PendingActivityInfo
+	require.Eventually(t, func() bool {
+		desc, err := st.Temporal.DescribeWorkflowExecution(t.Context(), contract.NodeWorkflowID(ans.TaskUUID, nodeName("ctl")), "")
+		require.NoError(t, err)
+		if len(desc.PendingActivities) != 1 || desc.PendingActivities[0].HeartbeatDetails == nil {
+			return false
+		}
+		pending = desc.PendingActivities[0]
+		return true
+	}, 20*time.Second, 100*time.Millisecond)
+	assert.Equal(t, contract.RunChainOnNodeActivity, pending.ActivityType.GetName())
+	var details string
+	require.NoError(t, codec.DataConverter(testenv.Keys()).FromPayloads(pending.HeartbeatDetails, &details))
+	assert.Equal(t, fmt.Sprintf("running long (run %d, attempt 1)", long.ID), details)
 	status, body := st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/stop", nil, nil)
 	require.Equal(t, http.StatusAccepted, status, "%s", body)
 	tx := waitDone(t, st, ans.TaskUUID, 30*time.Second)
@@ -37,6 +58,8 @@ func TestStopThroughTheAPI(t *testing.T) {
 	assert.Equal(t, contract.RunCancelled, runs["next@"+nodeName("ctl")].State)
 	status, _ = st.Do(t, http.MethodPost, "/api/v1/transactions/"+ans.TaskUUID+"/stop", nil, nil)
 	assert.Equal(t, http.StatusConflict, status)
+	// Recorded at node-chain version 3: a chain cut by the stop.
+	recordHistories(t, st, map[string]string{"node-chain-stopped": ans.WorkflowID + "/" + nodeName("ctl")})
 }
 
 // TestRetryResumesFromTheFailedTask: POST /retry reruns the failed task and

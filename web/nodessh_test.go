@@ -1,6 +1,8 @@
 package web_test
 
 import (
+	"encoding/base64"
+	"encoding/hex"
 	"net/http"
 	"strings"
 	"testing"
@@ -36,7 +38,8 @@ graphs:
 `
 
 // TestSSHJigEndToEnd: a node without an agent, reached over SSH through
-// its settings (set by an admin, the key never echoed), runs a graph's
+// its settings (set by an admin, the key never echoed nor stored in the
+// clear), runs a graph's
 // tasks with outputs flowing between them; its host key is pinned on
 // first use, and a wrong pinned key fails the run naming the node and the
 // presented key's fingerprint.
@@ -94,6 +97,17 @@ func TestSSHJigEndToEnd(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Equal(t, []string{"ssh-ed25519 " + ssh.FingerprintSHA256(sshd.HostKey)}, view.Fingerprints)
 	assert.NotContains(t, string(body), "PRIVATE KEY")
+
+	// The key is sealed at rest: no column holds it, in any form. Every
+	// line of its body but the first (the same in every OpenSSH key) is
+	// particular to it.
+	var needles []string
+	lines := strings.Split(strings.TrimSpace(sshd.ClientKey), "\n")
+	require.Greater(t, len(lines), 3, "a PEM key: %q", sshd.ClientKey)
+	for _, l := range lines[2 : len(lines)-1] {
+		needles = append(needles, l, hex.EncodeToString([]byte(l)), base64.StdEncoding.EncodeToString([]byte(l)))
+	}
+	assertNotInDatabase(t, st, needles...)
 
 	// The node was reinstalled: another key is pinned than the one it
 	// presents. The run fails, naming the node and the key.

@@ -45,7 +45,10 @@ graphs:
 // the cap keeps its head and says it was cut.
 func TestRunLogsE2E(t *testing.T) {
 	t.Parallel()
-	st := testenv.NewStack(t, testenv.Options{})
+	// The big run's 9 MB of output keeps this process busy (the agent runs
+	// in it, under -race): on a loaded machine its run heartbeats can fall
+	// more than the default 3 s apart.
+	st := testenv.NewStack(t, testenv.Options{HeartbeatTimeoutSec: 10})
 	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken, testenv.YAML(logsRelease), nil)
 	require.Equal(t, http.StatusCreated, status, "%s", body)
 	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "logs", "release": "logs"}, nil)

@@ -247,26 +247,34 @@ echo "hook sees $password"`,
 	assert.Contains(t, string(runLog), "out| the password is ***")
 
 	// 4. Every plain column of every table.
+	cols, checked := assertNotInDatabase(t, st, value, hex.EncodeToString([]byte(value)), base64.StdEncoding.EncodeToString([]byte(value)))
+	t.Logf("searched %d columns (%d values), %d history executions, %d bytes of logs", cols, checked, len(list.Executions), len(logs.String()))
+}
+
+// assertNotInDatabase searches every text, JSON, bytea, array and enum
+// column of every table of the stack's database for each needle, and
+// fails naming the column where one is found. It returns how many columns
+// and values it searched.
+func assertNotInDatabase(t *testing.T, st *testenv.Stack, needles ...string) (columns, values int) {
+	t.Helper()
 	type column struct{ Table, Column string }
 	var cols []column
 	require.NoError(t, st.Store.DB.Raw(`SELECT table_name AS "table", column_name AS "column" FROM information_schema.columns
 WHERE table_schema = 'public' AND data_type IN ('text', 'character varying', 'json', 'jsonb', 'bytea', 'ARRAY', 'USER-DEFINED')`).Scan(&cols).Error)
 	require.NotEmpty(t, cols)
-	needles := []string{value, hex.EncodeToString([]byte(value)), base64.StdEncoding.EncodeToString([]byte(value))}
-	checked := 0
 	for _, c := range cols {
 		var vals []string
 		require.NoError(t, st.Store.DB.Raw(fmt.Sprintf(`SELECT %q::text FROM %q WHERE %q IS NOT NULL`, c.Column, c.Table, c.Column)).Scan(&vals).Error)
 		for _, v := range vals {
-			for _, n := range needles {
+			for i, n := range needles {
 				if strings.Contains(v, n) {
-					t.Errorf("the secret's value is in %s.%s", c.Table, c.Column)
+					t.Errorf("needle %d (%.12s…) is in %s.%s", i, n, c.Table, c.Column)
 				}
 			}
 		}
-		checked += len(vals)
+		values += len(vals)
 	}
-	t.Logf("searched %d columns (%d values), %d history executions, %d bytes of logs", len(cols), checked, len(list.Executions), len(logs.String()))
+	return len(cols), values
 }
 
 // assertNoLeak fails naming where the value was found.

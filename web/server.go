@@ -82,7 +82,9 @@ type Server struct {
 	// event stream (events.go).
 	events *eventHub
 	auth   authCache
-	log    *slog.Logger
+	// beats spaces the heartbeats of chains (chainbeats.go).
+	beats *chainBeats
+	log   *slog.Logger
 }
 
 // New builds the API server and its routes.
@@ -92,7 +94,7 @@ func New(cfg Config) *Server {
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), events: newEventHub(cfg.Log), log: cfg.Log,
+	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), events: newEventHub(cfg.Log), log: cfg.Log, beats: newChainBeats(cfg.HeartbeatTimeoutSec),
 		fuel: fuel.New(cfg.Store), crowbar: crowbar.New(cfg.Store), heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
 	s.hub.events = s.events
 	e.HTTPErrorHandler = s.handleError

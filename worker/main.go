@@ -126,7 +126,8 @@ func tokenCommand(args []string) int {
 }
 
 // secretsCommand is `worker secrets rotate`: it seals again, with the
-// first key, every secret sealed with an older one. Exit code 2 for bad
+// first key, every secret and node SSH key sealed with an older one (and
+// the node keys still in the clear). Exit code 2 for bad
 // usage, 1 for a failure.
 func secretsCommand(args []string) int {
 	if len(args) == 0 || args[0] != "rotate" {
@@ -153,7 +154,7 @@ func secretsCommand(args []string) int {
 		fmt.Fprintf(os.Stderr, "worker secrets rotate: %v\n", err)
 		return 1
 	}
-	fmt.Printf("%d secret(s) sealed again with key %s\n", n, keys.PrimaryID())
+	fmt.Printf("%d secret(s) and %d node ssh key(s) sealed with key %s\n", n.Secrets, n.NodeKeys, keys.PrimaryID())
 	return 0
 }
 

@@ -115,10 +115,7 @@ func NodeRoleRun(ctx workflow.Context, in contract.NodeRoleRunInput) (*contract.
 	case !plan.HasScript || plan.Jig == "noop":
 		err = workflow.ExecuteActivity(withSummary(stateActivity(ctx), "%s on %s (nothing to run)", in.Role, in.Node), contract.RecordNoOpActivity, plan.RunID).Get(ctx, nil)
 	default:
-		heartbeat := contract.DefaultHeartbeatTimeout
-		if in.HeartbeatTimeoutSec > 0 {
-			heartbeat = time.Duration(in.HeartbeatTimeoutSec) * time.Second
-		}
+		heartbeat := contract.HeartbeatTimeout(in.HeartbeatTimeoutSec)
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 			StartToCloseTimeout: time.Duration(plan.TimeoutSec)*time.Second + 2*heartbeat,
 			HeartbeatTimeout:    heartbeat,

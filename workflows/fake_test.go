@@ -2,6 +2,7 @@ package workflows_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/suite"
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/worker"
 
@@ -67,7 +69,12 @@ type fake struct {
 	finishes []contract.FinishInput
 	ends     []contract.NodeGraphEnd
 	signals  []signal
-	inFlight int // RunTaskOnNode calls running at once
+	chains   [][]int64            // the runs of each RunChainOnNode call
+	cuts     []int64              // the chains cut (by their head) on a stop
+	lost     []contract.LostChain // the chains ended by EndLostChain
+	chainErr error                // RunChainOnNode fails with it before dispatching, if set
+	states   map[int64]string     // runs a chain left running when it did not report
+	inFlight int                  // RunTaskOnNode calls running at once
 	maxRuns  int
 }
 
@@ -78,6 +85,7 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 		nodePlans:  map[planKey]*contract.NodePlan{},
 		loadErr:    map[int64]error{},
 		runAt:      map[int64]time.Duration{},
+		states:     map[int64]string{},
 	}
 	a := &activities.Activities{}
 	env.OnActivity(a.PlanGraph, mock.Anything, mock.Anything).Return(
@@ -114,26 +122,103 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 		})
 	env.OnActivity(a.RunTaskOnNode, mock.Anything, mock.Anything).Return(
 		func(ctx context.Context, in contract.RunTaskInput) (*contract.RunOutcome, error) {
-			f.record(fmt.Sprintf("run %d", in.RunID), func() {
-				f.runs = append(f.runs, in)
-				f.runAt[in.RunID] = env.Now().Sub(f.loadAt)
-				f.inFlight++
-				f.maxRuns = max(f.maxRuns, f.inFlight)
-			})
-			defer func() {
-				f.mu.Lock()
-				f.inFlight--
-				f.mu.Unlock()
-			}()
-			// Give an overlapping second run the chance to show up.
-			time.Sleep(2 * time.Millisecond)
-			if f.runTask != nil {
-				if err := f.runTask(ctx, in); err != nil {
-					return nil, err
-				}
+			if err := f.runOne(ctx, in); err != nil {
+				return nil, err
 			}
 			return &contract.RunOutcome{}, nil
 		})
+	// A chain runs its runs one after the other through runTask, as the
+	// API dispatches them, and ends at the first failure: a TaskFailed
+	// (the agent's report) completes it with the states; any other error
+	// is the chain activity's own, its run left running.
+	env.OnActivity(a.RunChainOnNode, mock.Anything, mock.Anything).Return(
+		func(ctx context.Context, in contract.RunChainInput) (*contract.ChainOutcome, error) {
+			ids := make([]int64, len(in.Runs))
+			for i, r := range in.Runs {
+				ids[i] = r.RunID
+			}
+			f.mu.Lock()
+			f.chains = append(f.chains, ids)
+			chainErr := f.chainErr
+			f.mu.Unlock()
+			if chainErr != nil {
+				return nil, chainErr
+			}
+			out := &contract.ChainOutcome{States: map[int64]string{}}
+			for i, r := range in.Runs {
+				f.mu.Lock()
+				cut := slices.Contains(f.cuts, ids[0])
+				f.mu.Unlock()
+				if cut {
+					return out, nil // cut on a stop: the API hands out no more
+				}
+				err := f.runOne(ctx, contract.RunTaskInput{RunID: r.RunID, Task: r.Task, Node: in.Node})
+				var appErr *temporal.ApplicationError
+				switch {
+				case err == nil:
+					out.States[r.RunID] = contract.RunSucceeded
+					continue
+				case errors.As(err, &appErr) && appErr.Type() == contract.ErrTypeNodeBusy && i == 0:
+					return nil, err
+				case errors.As(err, &appErr) && appErr.Type() == contract.ErrTypeTaskFailed:
+					out.States[r.RunID] = contract.RunFailed
+					return out, nil
+				default:
+					f.mu.Lock()
+					for id, st := range out.States {
+						f.states[id] = st
+					}
+					f.states[r.RunID] = contract.RunRunning
+					f.mu.Unlock()
+					return nil, err
+				}
+			}
+			return out, nil
+		})
+	env.OnActivity(a.CutChain, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, head int64) error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.cuts = append(f.cuts, head)
+			return nil
+		}).Maybe()
+	// EndLostChain leaves the chain as the store does: what ended stays,
+	// a running run fails if its agent acknowledged it (delivery) or is
+	// taken back to pending if not.
+	env.OnActivity(a.EndLostChain, mock.Anything, mock.Anything).Return(
+		func(_ context.Context, in contract.LostChain) (*contract.LostChainEnd, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.lost = append(f.lost, in)
+			out := &contract.LostChainEnd{States: map[int64]string{}}
+			var ids []int64
+			for _, c := range f.chains {
+				if c[0] == in.Head {
+					ids = c
+				}
+			}
+			for _, id := range ids {
+				st, ok := f.states[id]
+				switch {
+				case !ok:
+					st = contract.RunPending
+				case st == contract.RunRunning:
+					d := contract.RunDelivery{State: contract.RunRunning, Acked: true}
+					if f.delivery != nil {
+						d = f.delivery(id)
+					}
+					if d.Acked {
+						st = contract.RunFailed
+					} else {
+						st = contract.RunPending
+						out.TakenBack = append(out.TakenBack, id)
+					}
+					delete(f.states, id)
+				}
+				out.States[id] = st
+			}
+			return out, nil
+		}).Maybe()
 	env.OnActivity(a.FinishNodeGraph, mock.Anything, mock.Anything).Return(
 		func(_ context.Context, end contract.NodeGraphEnd) error {
 			f.record(fmt.Sprintf("end node %d %s", end.NodeID, end.Outcome), func() { f.ends = append(f.ends, end) })
@@ -170,7 +255,17 @@ func newFake(env *testsuite.TestWorkflowEnvironment) *fake {
 				call = len(f.checks)
 			})
 			if f.checkStates == nil {
-				return map[int64]string{}, nil
+				// What Postgres holds of the runs of a chain that did not
+				// report.
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				out := map[int64]string{}
+				for _, id := range ids {
+					if st, ok := f.states[id]; ok {
+						out[id] = st
+					}
+				}
+				return out, nil
 			}
 			return f.checkStates(call, ids), nil
 		})
@@ -307,4 +402,26 @@ func loadedEnv(ts *testsuite.WorkflowTestSuite) *testsuite.TestWorkflowEnvironme
 	env := ts.NewTestWorkflowEnvironment()
 	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute})
 	return env
+}
+
+// runOne is one run reaching the agent, alone or in a chain: recorded,
+// then ended by runTask.
+func (f *fake) runOne(ctx context.Context, in contract.RunTaskInput) error {
+	f.record(fmt.Sprintf("run %d", in.RunID), func() {
+		f.runs = append(f.runs, in)
+		f.runAt[in.RunID] = f.env.Now().Sub(f.loadAt)
+		f.inFlight++
+		f.maxRuns = max(f.maxRuns, f.inFlight)
+	})
+	defer func() {
+		f.mu.Lock()
+		f.inFlight--
+		f.mu.Unlock()
+	}()
+	// Give an overlapping second run the chance to show up.
+	time.Sleep(2 * time.Millisecond)
+	if f.runTask != nil {
+		return f.runTask(ctx, in)
+	}
+	return nil
 }

@@ -57,7 +57,11 @@ func NodeRun(ctx workflow.Context, in contract.NodeInput) (*contract.NodeResult,
 		}
 		run, waiting := n.next()
 		if run != nil {
-			if err := n.execute(ctx, run); err != nil {
+			if chain := n.chainFrom(ctx, run); chain != nil {
+				if err := n.executeChain(ctx, chain); err != nil {
+					return nil, err
+				}
+			} else if err := n.execute(ctx, run); err != nil {
 				return nil, err
 			}
 			poll = remotePollFirst
@@ -145,6 +149,12 @@ type nodeState struct {
 	// sent are the wake-ups sent to other nodes; the workflow must not
 	// close before they are delivered, or the server drops them.
 	sent []workflow.Future
+	// chainVersion is versionChain's version, asked once, the first time
+	// a chain could be formed.
+	chainVersion *workflow.Version
+	// redelivered counts how often each run of a chain was handed out
+	// again because no agent took it.
+	redelivered map[int64]int
 }
 
 // flush waits until every wake-up sent to another node has been delivered
@@ -238,10 +248,7 @@ func (n *nodeState) execute(ctx workflow.Context, r *contract.NodeRun) error {
 		n.tellRemoteKids(ctx, []int64{r.ID})
 		return nil
 	}
-	heartbeat := contract.DefaultHeartbeatTimeout
-	if n.in.HeartbeatTimeoutSec > 0 {
-		heartbeat = time.Duration(n.in.HeartbeatTimeoutSec) * time.Second
-	}
+	heartbeat := contract.HeartbeatTimeout(n.in.HeartbeatTimeoutSec)
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		// The agent enforces the task's timeout; this one catches an agent
 		// that keeps heartbeating but never reports.

@@ -96,27 +96,49 @@ func (s *NodeSuite) TestTaskFailedBlocksDescendantsOnly() {
 	s.Equal(contract.NodeResult{Succeeded: 2, Failed: 1, Blocked: 2}, s.result(env))
 }
 
-// Task retries re-run a task that failed on the node.
+// Task retries re-run a task that failed on the node, alone (RunTaskOnNode)
+// or as one of a chain, where it is retried alone and the chain's runs
+// after it go on once it succeeds.
 func (s *NodeSuite) TestTaskRetries() {
-	env, f := s.newEnv()
-	f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 1, Retries: 2}, contract.NodeRun{ID: 2, Parents: []int64{1}})
-	attempts := 0
-	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
-		if in.RunID == 1 {
-			attempts++
-			if attempts < 3 {
-				return temporal.NewApplicationError("exit 1", contract.ErrTypeTaskFailed)
+	for name, tc := range map[string]struct {
+		runs   []contract.NodeRun
+		chains [][]int64
+		ids    []int64
+	}{
+		"alone": {
+			// Run 1 wakes another node when it ends, so it runs alone.
+			runs: []contract.NodeRun{{ID: 1, Retries: 2, RemoteKids: []contract.Peer{{RunID: 30, Node: "node-c"}}}, {ID: 2, Parents: []int64{1}}},
+			ids:  []int64{1, 1, 1, 2},
+		},
+		"in a chain": {
+			runs:   []contract.NodeRun{{ID: 2}, {ID: 1, Parents: []int64{2}, Retries: 2}, {ID: 3, Parents: []int64{1}}, {ID: 4, Parents: []int64{3}}},
+			chains: [][]int64{{2, 1, 3, 4}, {3, 4}},
+			ids:    []int64{2, 1, 1, 1, 3, 4},
+		},
+	} {
+		s.Run(name, func() {
+			env, f := s.newEnv()
+			f.nodePlans[planKey{0, 1}] = nodePlan(nil, tc.runs...)
+			attempts := 0
+			f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
+				if in.RunID == 1 {
+					attempts++
+					if attempts < 3 {
+						return temporal.NewApplicationError("exit 1", contract.ErrTypeTaskFailed)
+					}
+				}
+				return nil
 			}
-		}
-		return nil
-	}
-	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
+			env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
-	s.Require().True(env.IsWorkflowCompleted())
-	s.Require().NoError(env.GetWorkflowError())
-	s.Equal([]int64{1, 1, 1, 2}, f.runIDs())
-	s.Empty(f.failures)
-	s.Equal(contract.NodeResult{Succeeded: 2}, s.result(env))
+			s.Require().True(env.IsWorkflowCompleted())
+			s.Require().NoError(env.GetWorkflowError())
+			s.Equal(tc.chains, f.chains)
+			s.Equal(tc.ids, f.runIDs())
+			s.Empty(f.failures)
+			s.Equal(contract.NodeResult{Succeeded: len(tc.runs)}, s.result(env))
+		})
+	}
 }
 
 // A node busy with something else past the activity's own wait: the
@@ -156,8 +178,10 @@ func (s *NodeSuite) TestLostAgentRecordsFailure() {
 	for name, runErr := range cases {
 		s.Run(name, func() {
 			env, f := s.newEnv()
+			// Run 1 wakes another node when it ends, so it runs alone
+			// (RunTaskOnNode), not in a chain (TestChainLostMidway).
 			f.nodePlans[planKey{0, 1}] = nodePlan(nil,
-				contract.NodeRun{ID: 1},
+				contract.NodeRun{ID: 1, RemoteKids: []contract.Peer{{RunID: 30, Node: "node-c"}}},
 				contract.NodeRun{ID: 2, Parents: []int64{1}},
 				contract.NodeRun{ID: 3},
 			)
@@ -396,4 +420,96 @@ func (s *NodeSuite) TestLoadPlanFails() {
 	s.Require().Error(err)
 	s.Contains(err.Error(), "load plan of node node-a")
 	s.Equal([]string{"load 0/1"}, f.calls(), "BadInput is not retried")
+}
+
+// A node's ready runs with no cross-node wait between them go to its agent
+// as one RunChainOnNode activity: the chain stops before a run that does
+// not go to the agent (a no-op here) and after a run with dependants
+// on other nodes, which are woken as soon as it ends. Each run is still
+// run once, in plan order.
+func (s *NodeSuite) TestChainsOfReadyRuns() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		contract.NodeRun{ID: 1},
+		contract.NodeRun{ID: 2, Parents: []int64{1}},
+		contract.NodeRun{ID: 3, Parents: []int64{2}, RemoteKids: []contract.Peer{{RunID: 30, Node: "node-c"}}},
+		contract.NodeRun{ID: 4, Parents: []int64{3}},
+		contract.NodeRun{ID: 5, Parents: []int64{4}},
+		contract.NodeRun{ID: 6, Parents: []int64{5}, NoOp: true},
+		contract.NodeRun{ID: 7, Parents: []int64{6}},
+	)
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([][]int64{{1, 2, 3}, {4, 5}}, f.chains)
+	s.Equal([]int64{1, 2, 3, 4, 5, 7}, f.runIDs(), "6 has nothing to run, 7 is left alone")
+	s.Less(f.index("signal tx-T/node-c"), f.index("run 4"), "node-c is woken when run 3 ends, not at the end of the node")
+	s.Equal(contract.NodeResult{Succeeded: 7}, s.result(env))
+}
+
+// A chain whose agent is lost mid-way: the run that succeeded counts, the
+// run that never reported fails saying so, its descendants are blocked,
+// and the runs of the chain that no failure touches run after it.
+func (s *NodeSuite) TestChainLostMidway() {
+	env, f := s.newEnv()
+	f.nodePlans[planKey{0, 1}] = nodePlan(nil,
+		contract.NodeRun{ID: 1},
+		contract.NodeRun{ID: 2, Parents: []int64{1}},
+		contract.NodeRun{ID: 3, Parents: []int64{2}},
+		contract.NodeRun{ID: 4, Parents: []int64{1}},
+	)
+	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
+		if in.RunID == 2 {
+			return temporal.NewTimeoutError(enums.TIMEOUT_TYPE_HEARTBEAT, nil)
+		}
+		return nil
+	}
+	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
+
+	s.Require().True(env.IsWorkflowCompleted())
+	s.Require().NoError(env.GetWorkflowError())
+	s.Equal([][]int64{{1, 2, 3, 4}}, f.chains)
+	s.Equal([]int64{1, 2, 4}, f.runIDs())
+	s.Equal([]contract.LostChain{{Head: 1, Reason: "no result from the node's agent: Test timeout (type: Heartbeat)"}}, f.lost,
+		"the lost chain is ended in one step in Postgres, failing run 2 with the reason")
+	s.Equal([]contract.RunFailure{{Blocked: []int64{3}}}, f.failures)
+	s.Equal(contract.NodeResult{Succeeded: 2, Failed: 1, Blocked: 1}, s.result(env))
+}
+
+// A chain whose dispatch keeps failing (its first run never goes out) is
+// not handed out again and again: the run goes alone, with its own retries
+// (none here), and fails, saying why; a run no agent took is handed out
+// again, and fails after maxRedeliveries.
+func (s *NodeSuite) TestChainThatNeverGoesOut() {
+	s.Run("dispatch fails", func() {
+		env, f := s.newEnv()
+		f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 1}, contract.NodeRun{ID: 2, Parents: []int64{1}})
+		f.chainErr = temporal.NewApplicationError("lock the node of run 1: connection refused", "DBError")
+		f.runTask = func(context.Context, contract.RunTaskInput) error {
+			return temporal.NewApplicationError("lock the node of run 1: connection refused", "DBError")
+		}
+		env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
+		s.Require().True(env.IsWorkflowCompleted())
+		s.Require().NoError(env.GetWorkflowError())
+		s.Len(f.chains, 1, "the chain is not handed out again")
+		s.Equal([]int64{1}, f.runIDs(), "run 1 went alone once (retries 0)")
+		s.Require().Len(f.failures, 2)
+		s.Contains(f.failures[0].Reason, "connection refused")
+		s.Equal([]int64{2}, f.failures[1].Blocked)
+	})
+	s.Run("never taken", func() {
+		env, f := s.newEnv()
+		f.nodePlans[planKey{0, 1}] = nodePlan(nil, contract.NodeRun{ID: 1}, contract.NodeRun{ID: 2, Parents: []int64{1}})
+		f.runTask = func(context.Context, contract.RunTaskInput) error {
+			return temporal.NewTimeoutError(enums.TIMEOUT_TYPE_HEARTBEAT, nil)
+		}
+		f.delivery = func(int64) contract.RunDelivery { return contract.RunDelivery{State: contract.RunRunning} }
+		env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
+		s.Require().True(env.IsWorkflowCompleted())
+		s.Require().NoError(env.GetWorkflowError())
+		s.Len(f.chains, 6, "the first delivery and five more")
+		s.Require().NotEmpty(f.failures)
+		s.Contains(f.failures[0].Reason, "never reached the agent of node-a after 6 deliveries")
+	})
 }

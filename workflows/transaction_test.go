@@ -243,7 +243,7 @@ func (s *TransactionSuite) cancelDuringRun() *fake {
 	cancelled := make(chan struct{})
 	var once sync.Once
 	env.SetOnActivityCanceledListener(func(info *activity.Info) {
-		if info.ActivityType.Name == "RunTaskOnNode" {
+		if info.ActivityType.Name == "RunTaskOnNode" || info.ActivityType.Name == "RunChainOnNode" {
 			once.Do(func() { close(cancelled) })
 		}
 	})
@@ -253,6 +253,16 @@ func (s *TransactionSuite) cancelDuringRun() *fake {
 			select {
 			case <-cancelled:
 			case <-time.After(3 * time.Second):
+			}
+			// The run ends once the stop has cut its chain, as when the
+			// agent reports after the stop.
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+				f.mu.Lock()
+				cut := len(f.cuts) > 0
+				f.mu.Unlock()
+				if cut {
+					break
+				}
 			}
 		}
 		return nil
@@ -279,6 +289,7 @@ func (s *TransactionSuite) TestCancelWhileRunInFlight() {
 	s.Equal([]contract.FinishInput{{TransactionID: txID, Stopped: true}}, f.finishes)
 	calls := f.calls()
 	s.Equal("finish", calls[len(calls)-1])
+	s.Equal([]int64{1}, f.cuts, "runs 1 to 3 went as a chain, cut in Postgres as soon as the stop came")
 }
 
 // Known bug (see the report): when RunTaskOnNode ends as cancelled (the

@@ -42,8 +42,10 @@ type Executor interface {
 
 // Reporter tells the API about runs: RunHeartbeat while a run executes (cancel
 // is true when the API wants it abandoned), Report when it has finished.
+// Report returns the runs the API handed back with its answer (a chain's
+// next run), to execute before polling again.
 type Reporter interface {
-	Report(ctx context.Context, runID int64, res protocol.RunResult) error
+	Report(ctx context.Context, runID int64, res protocol.RunResult) ([]protocol.WorkItem, error)
 	RunHeartbeat(ctx context.Context, runID int64, attempt int) (cancel bool, err error)
 }
 
@@ -144,6 +146,10 @@ type agent struct {
 	// started that is not here was left by a process that died.
 	activeMu sync.Mutex
 	active   map[runKey]struct{}
+	// handed are runs the API handed back with a report (a chain's next
+	// run), executed before the next poll.
+	handedMu sync.Mutex
+	handed   []protocol.WorkItem
 }
 
 // Run runs the agent until ctx is done, then returns nil, or until a fatal
@@ -435,7 +441,12 @@ func (a *agent) heartbeatLoop(ctx context.Context) {
 func (a *agent) workLoop(ctx context.Context) {
 	b := a.backoff()
 	for ctx.Err() == nil {
-		items, err := a.src.Fetch(ctx)
+		// Runs handed back with a report go first; then the long poll.
+		items := a.takeHandedBack()
+		var err error
+		if len(items) == 0 {
+			items, err = a.src.Fetch(ctx)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -695,10 +706,13 @@ func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCa
 }
 
 // report sends a result, retrying network errors and 5xx until a 2xx, a
-// final 4xx, or the end of ctx.
+// final 4xx, or the end of ctx. Runs the answer hands back are kept for
+// the work loop.
 func (a *agent) report(ctx context.Context, log *slog.Logger, runID int64, res protocol.RunResult) {
 	err := a.retry(ctx, "reporting the result", func(ctx context.Context) error {
-		return a.rep.Report(ctx, runID, res)
+		next, err := a.rep.Report(ctx, runID, res)
+		a.handBack(next)
+		return err
 	})
 	a.logReport(ctx, log, err)
 }
@@ -707,7 +721,28 @@ func (a *agent) report(ctx context.Context, log *slog.Logger, runID int64, res p
 func (a *agent) reportOnce(ctx context.Context, log *slog.Logger, runID int64, res protocol.RunResult) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	a.logReport(rctx, log, a.rep.Report(rctx, runID, res))
+	next, err := a.rep.Report(rctx, runID, res)
+	a.handBack(next)
+	a.logReport(rctx, log, err)
+}
+
+// handBack keeps runs the API handed back with a report for the work loop.
+func (a *agent) handBack(items []protocol.WorkItem) {
+	if len(items) == 0 {
+		return
+	}
+	a.handedMu.Lock()
+	defer a.handedMu.Unlock()
+	a.handed = append(a.handed, items...)
+}
+
+// takeHandedBack returns the runs handed back since the last call.
+func (a *agent) takeHandedBack() []protocol.WorkItem {
+	a.handedMu.Lock()
+	defer a.handedMu.Unlock()
+	items := a.handed
+	a.handed = nil
+	return items
 }
 
 func (a *agent) logReport(ctx context.Context, log *slog.Logger, err error) {

@@ -42,6 +42,7 @@ type fakeAPI struct {
 	heartbeats       []protocol.HeartbeatRequest
 	waits            []string
 	polling          int // work fetches being answered
+	generation       int // the agent process work is handed to (see testConfig)
 	queue            []protocol.WorkItem
 	notify           chan struct{}
 	runHeartbeats    map[int64]int
@@ -50,10 +51,11 @@ type fakeAPI struct {
 	runHBStatus      map[int64]int   // answer run heartbeats with this status
 	results          map[int64][]protocol.RunResult
 	resultPosts      map[int64]int
-	resultFailures   map[int64]int   // answer 503 to this many result posts first
-	resultStatus     map[int64]int   // answer result posts with this status
-	acks             map[int64][]int // attempts acknowledged per run
-	ackStatus        map[int64]int   // answer acks with this status
+	resultFailures   map[int64]int                 // answer 503 to this many result posts first
+	resultStatus     map[int64]int                 // answer result posts with this status
+	handBack         map[int64][]protocol.WorkItem // runs handed back with a run's result (a chain's next)
+	acks             map[int64][]int               // attempts acknowledged per run
+	ackStatus        map[int64]int                 // answer acks with this status
 	software         []protocol.SoftwareDeployment
 	softwareVersion  int // bumped at every listing, so the agent sees it again
 	signals          map[int64][]protocol.SoftwareSignal
@@ -73,6 +75,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		resultPosts:    map[int64]int{},
 		resultFailures: map[int64]int{},
 		resultStatus:   map[int64]int{},
+		handBack:       map[int64][]protocol.WorkItem{},
 		acks:           map[int64][]int{},
 		ackStatus:      map[int64]int{},
 		signals:        map[int64][]protocol.SoftwareSignal{},
@@ -88,9 +91,31 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunLog, "%d", "{id}", 1), f.runLog)
 	mux.HandleFunc("GET "+protocol.PathSoftwareDeployments, f.softwareDeployments)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathSoftwareSignal, "%d", "{id}", 1), f.signal)
-	f.srv = httptest.NewServer(mux)
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Each agent process talks to the fake under its own prefix, /g<n>
+		// (see testConfig): a poll of a stopped process, still on the wire,
+		// is told apart from the next process's polls.
+		var gen int
+		if _, err := fmt.Sscanf(r.URL.Path, "/g%d/", &gen); err == nil {
+			r.URL.Path = strings.TrimPrefix(r.URL.Path, fmt.Sprintf("/g%d", gen))
+			r = r.WithContext(context.WithValue(r.Context(), generationKey{}, gen))
+		}
+		mux.ServeHTTP(w, r)
+	}))
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// generationKey keys the agent process generation of a request's prefix.
+type generationKey struct{}
+
+// stale reports whether a request comes from an agent process older than
+// the newest one testConfig configured.
+func (f *fakeAPI) stale(r *http.Request) bool {
+	gen, ok := r.Context().Value(generationKey{}).(int)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return ok && gen != f.generation
 }
 
 func apiError(w http.ResponseWriter, status int, code, msg string) {
@@ -179,6 +204,12 @@ func (f *fakeAPI) work(w http.ResponseWriter, r *http.Request) {
 	timeout := time.NewTimer(wait)
 	defer timeout.Stop()
 	for {
+		if r.Context().Err() != nil || f.stale(r) {
+			// A poll of an agent that stopped, reaching the handler late:
+			// it must not take runs meant for the next agent process.
+			writeJSON(w, protocol.WorkResponse{Runs: []protocol.WorkItem{}})
+			return
+		}
 		f.mu.Lock()
 		runs := f.queue
 		f.queue = nil
@@ -245,6 +276,11 @@ func (f *fakeAPI) result(w http.ResponseWriter, r *http.Request) {
 	f.results[id] = append(f.results[id], res)
 	if st := f.resultStatus[id]; st != 0 {
 		apiError(w, st, "conflict", fmt.Sprintf("run %d was not awaiting a result", id))
+		return
+	}
+	if next := f.handBack[id]; len(next) > 0 {
+		delete(f.handBack, id)
+		writeJSON(w, protocol.RunResultResponse{RunID: id, State: "succeeded", NextRunID: next[0].RunID, Runs: next})
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -357,9 +393,15 @@ func (f *fakeAPI) count(m map[int64]int, id int64) int {
 }
 
 // testConfig returns fast settings for the agent in dir.
+// Each call configures a new agent process: from then on, work goes only to
+// its polls.
 func testConfig(t *testing.T, f *fakeAPI, dir string) daemon.Config {
+	f.mu.Lock()
+	f.generation++
+	gen := f.generation
+	f.mu.Unlock()
 	return daemon.Config{
-		APIURL:            f.srv.URL,
+		APIURL:            fmt.Sprintf("%s/g%d", f.srv.URL, gen),
 		Name:              "node1.example.com",
 		EnrollToken:       enrollToken,
 		WorkDir:           dir,
@@ -417,7 +459,8 @@ func lines(t *testing.T, path string) int {
 func TestRunRegistersExecutesAndRestartsWithCredential(t *testing.T) {
 	f := newFakeAPI(t)
 	dir := t.TempDir()
-	stop, _ := start(t, testConfig(t, f, dir))
+	cfg := testConfig(t, f, dir)
+	stop, _ := start(t, cfg)
 
 	f.push(
 		work(1, 1, `echo hello; echo ran >> "$ANNEAL_WORKDIR/count-1"; echo greeting=hi > "$ANNEAL_OUTPUTS"`),
@@ -483,11 +526,11 @@ func TestRunRegistersExecutesAndRestartsWithCredential(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 	cred, err := daemon.LoadCredential(credPath)
 	require.NoError(t, err)
-	assert.Equal(t, daemon.Credential{NodeID: nodeID, Name: "node1.example.com", Token: nodeToken, APIURL: f.srv.URL}, cred)
+	assert.Equal(t, daemon.Credential{NodeID: nodeID, Name: "node1.example.com", Token: nodeToken, APIURL: cfg.APIURL}, cred)
 
 	// A restart uses the stored credential, needs no enrollment token and
 	// does not register again; it has a new boot id.
-	cfg := testConfig(t, f, dir)
+	cfg = testConfig(t, f, dir)
 	cfg.EnrollToken = ""
 	stop2, _ := start(t, cfg)
 	f.push(work(4, 1, `echo again`))
@@ -499,6 +542,23 @@ func TestRunRegistersExecutesAndRestartsWithCredential(t *testing.T) {
 	assert.Len(t, regs, 1)
 	require.Greater(t, len(hbs2), len(hbs))
 	assert.NotEqual(t, regs[0].BootID, hbs2[len(hbs2)-1].BootID)
+}
+
+// A chain's next run handed back with the answer to a report is executed
+// at once, without a poll for it: the API never queues it here.
+func TestRunHandedBackWithAReport(t *testing.T) {
+	f := newFakeAPI(t)
+	stop, _ := start(t, testConfig(t, f, t.TempDir()))
+	f.mu.Lock()
+	f.handBack[1] = []protocol.WorkItem{work(2, 1, "echo second")}
+	f.mu.Unlock()
+	f.push(work(1, 1, "echo first"))
+	assert.Equal(t, "first\n", f.waitResults(t, 1, 1)[0].StdoutTail)
+	assert.Equal(t, "second\n", f.waitResults(t, 2, 1)[0].StdoutTail)
+	f.mu.Lock()
+	assert.Equal(t, []int{1}, f.acks[2], "the handed-back run is acknowledged like any other")
+	f.mu.Unlock()
+	require.NoError(t, stop())
 }
 
 func TestRunHeartbeatsAndCancel(t *testing.T) {

@@ -132,9 +132,12 @@ func (t *HTTPTransport) Fetch(ctx context.Context) ([]protocol.WorkItem, error) 
 	return resp.Runs, nil
 }
 
-// Report sends a finished run's result.
-func (t *HTTPTransport) Report(ctx context.Context, runID int64, res protocol.RunResult) error {
-	return t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunResult, runID), nil, t.Token, t.timeout(), res, nil)
+// Report sends a finished run's result, and returns the runs the API
+// handed back with its answer (a chain's next run, claimed for this agent).
+func (t *HTTPTransport) Report(ctx context.Context, runID int64, res protocol.RunResult) ([]protocol.WorkItem, error) {
+	var resp protocol.RunResultResponse
+	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunResult, runID), nil, t.Token, t.timeout(), res, &resp)
+	return resp.Runs, err
 }
 
 // Ack tells the API the agent took delivery of a run's attempt, so that it

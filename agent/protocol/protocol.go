@@ -136,6 +136,18 @@ type RunAckResponse struct {
 	Cancel bool `json:"cancel"`
 }
 
+// RunResultResponse answers a run's report with the run's state. When the
+// run was one of a chain and the chain goes on, NextRunID names the
+// chain's next run, and Runs holds it already claimed for this agent, so
+// that the agent starts it without polling for work (an agent that
+// ignores it gets it from its next poll once the claim's lease ends).
+type RunResultResponse struct {
+	RunID     int64      `json:"run_id"`
+	State     string     `json:"state"`
+	NextRunID int64      `json:"next_run_id,omitempty"`
+	Runs      []WorkItem `json:"runs,omitempty"`
+}
+
 // RunHeartbeatRequest is the optional body of a run heartbeat. Attempt,
 // when given, must be the run's current attempt (else 409: a stale run the
 // agent should abandon). The first heartbeat also acknowledges the run.

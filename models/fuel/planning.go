@@ -2,12 +2,13 @@ package fuel
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
@@ -21,7 +22,7 @@ import (
 // with its edges. Planning twice returns the first plan (activities retry).
 func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.GraphPlan, error) {
 	var out *contract.GraphPlan
-	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := models.ConnTransaction(ctx, s.DB, func(tx *gorm.DB, copyRows models.CopyFunc) error {
 		var txn Transaction
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&txn, "id = ?", id).Error; err != nil {
 			if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -70,6 +71,7 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 				return fmt.Errorf("reopen runs of %s graph %d: %w", id, gi, err)
 			}
 		}
+		var deps []nodeDep
 		if existing == 0 {
 			var dep models.Deployment
 			if err := tx.Take(&dep, txn.DeploymentID).Error; err != nil {
@@ -88,9 +90,10 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 				return &PlanError{Reason: fmt.Sprintf("plan graph %q: %v", req.Type, err)}
 			}
 			out.Warnings = p.Warnings
-			if err := persistPlan(tx, &txn, gi, req.Type, p, nodes); err != nil {
+			if err := persistPlan(tx, copyRows, &txn, gi, req.Type, p, nodes); err != nil {
 				return err
 			}
+			deps = planNodeDeps(p)
 			if err := recordFiltered(tx, &txn, gi, req, graph.Tasks, nodes, p); err != nil {
 				return err
 			}
@@ -108,15 +111,17 @@ func (s *Store) PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.
 		if err != nil {
 			return fmt.Errorf("summarise plan of %s graph %d: %w", id, gi, err)
 		}
-		var deps []nodeDep
-		err = tx.Raw(`
+		if existing > 0 {
+			// Planned before: the persisted edges say it.
+			err = tx.Raw(`
 SELECT DISTINCT p.node_id AS before, c.node_id AS after
 FROM run_edges e
 JOIN task_runs p ON p.id = e.parent_id
 JOIN task_runs c ON c.id = e.child_id
 WHERE c.transaction_id = ? AND c.graph_index = ? AND p.node_id <> c.node_id`, id, gi).Scan(&deps).Error
-		if err != nil {
-			return fmt.Errorf("load node dependencies of %s graph %d: %w", id, gi, err)
+			if err != nil {
+				return fmt.Errorf("load node dependencies of %s graph %d: %w", id, gi, err)
+			}
 		}
 		out.Nodes = nodeStartOrder(rows, deps)
 		for _, n := range rows {
@@ -129,6 +134,22 @@ WHERE c.transaction_id = ? AND c.graph_index = ? AND p.node_id <> c.node_id`, id
 
 // nodeDep says that a run on node After waits for a run on node Before.
 type nodeDep struct{ Before, After int64 }
+
+// planNodeDeps are the node dependencies of a plan just made, each once:
+// what the query over its persisted edges would find, without reading
+// back the tens of thousands of edges of a big graph.
+func planNodeDeps(p *plan.Plan) []nodeDep {
+	seen := map[nodeDep]bool{}
+	var out []nodeDep
+	for _, e := range p.Edges {
+		d := nodeDep{Before: p.Runs[e.From].NodeID, After: p.Runs[e.To].NodeID}
+		if d.Before != d.After && !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	return out
+}
 
 // nodeStartOrder orders nodes so that a node comes after the nodes it waits
 // for (ties, and nodes caught in a cycle, by name). With a cap on the nodes
@@ -198,7 +219,7 @@ var lcmExempt = []string{TaskReboot, TaskEraseNode, TaskMoveToBootstrap, TaskSki
 // on executes a command: then its hash is final and it is skipped when its
 // last finished run succeeded with that hash. Otherwise its hash is left for
 // DispatchRun, which may still skip it.
-func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *plan.Plan, nodes []plan.Node) error {
+func persistPlan(tx *gorm.DB, copyRows models.CopyFunc, txn *Transaction, gi int, graphType string, p *plan.Plan, nodes []plan.Node) error {
 	state := contract.RunPending
 	if txn.DryRun {
 		state = contract.RunPlanned
@@ -230,6 +251,15 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 	for _, e := range p.Edges {
 		parents[e.To] = append(parents[e.To], e.From)
 	}
+	// Runs of a task share its definition and runs of a node its data:
+	// each is encoded once (20 tasks and 1,000 nodes, not 20,000 runs).
+	type taskCode struct {
+		spec       models.RunSpec
+		specJSON   []byte
+		definition []byte
+	}
+	taskCodes := map[*plan.Task]*taskCode{}
+	dataJSON := map[int64][]byte{}
 	// known[i]: the outputs of run i and of every run it depends on are
 	// known now; seen[i]: which of those runs have outputs (what run i's
 	// children read through it).
@@ -238,15 +268,31 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 	now := models.Now()
 	runs := make([]models.TaskRun, len(p.Runs))
 	for i, r := range p.Runs {
-		spec, err := runSpec(r.Task)
-		if err != nil {
-			return &PlanError{Reason: err.Error()}
+		tc := taskCodes[r.Task]
+		if tc == nil {
+			spec, err := runSpec(r.Task)
+			if err != nil {
+				return &PlanError{Reason: err.Error()}
+			}
+			tc = &taskCode{spec: spec}
+			if tc.specJSON, err = json.Marshal(spec); err != nil {
+				return fmt.Errorf("encode the spec of task %s: %w", r.Task.ID, err)
+			}
+			if tc.definition, err = json.Marshal(r.Task); err != nil {
+				return fmt.Errorf("encode the inputs of %s on %s: %w", r.Task.ID, r.NodeName, err)
+			}
+			taskCodes[r.Task] = tc
 		}
+		raw, ok := dataJSON[r.NodeID]
+		if !ok {
+			if raw, err = json.Marshal(data[r.NodeID]); err != nil {
+				return fmt.Errorf("encode the data of node %s: %w", r.NodeName, err)
+			}
+			dataJSON[r.NodeID] = raw
+		}
+		spec := tc.spec
 		kind := r.Task.Kind()
-		base, err := models.InputsBase(r.Task, r.NodeName, data[r.NodeID])
-		if err != nil {
-			return err
-		}
+		base := models.InputsBaseJSON(tc.definition, r.NodeName, raw)
 		runs[i] = models.TaskRun{
 			TransactionID: txn.ID, GraphIndex: gi, GraphType: graphType, NodeID: r.NodeID, NodeName: r.NodeName,
 			TaskName: r.Task.ID, TaskType: kind, Position: i, State: state, Outputs: map[string]string{},
@@ -295,26 +341,64 @@ func persistPlan(tx *gorm.DB, txn *Transaction, gi int, graphType string, p *pla
 			known[i] = true
 		}
 	}
-	if len(runs) > 0 {
-		if err := tx.CreateInBatches(&runs, 1000).Error; err != nil {
-			return fmt.Errorf("persist runs of %s graph %d: %w", txn.ID, gi, err)
-		}
+	if len(runs) == 0 {
+		return nil
 	}
-	// The edges in one statement, as two arrays: a 1,000-node graph has
-	// tens of thousands, and batches of INSERT ... VALUES cost seconds.
-	if len(p.Edges) > 0 {
-		parents, children := make([]int64, len(p.Edges)), make([]int64, len(p.Edges))
-		for i, e := range p.Edges {
-			parents[i], children[i] = runs[e.From].ID, runs[e.To].ID
+	// The runs' ids first, in plan order (as an INSERT of them in that
+	// order would number them), so that the runs and their edges can both
+	// go by COPY. The sequence is task_runs.id's (bigserial, migration
+	// 0001), named: pg_get_serial_sequence would be called once per id.
+	var ids []int64
+	if err := tx.Raw(`SELECT nextval('task_runs_id_seq') AS id FROM generate_series(1, ?) ORDER BY 1`, len(runs)).
+		Scan(&ids).Error; err != nil {
+		return fmt.Errorf("number the runs of %s graph %d: %w", txn.ID, gi, err)
+	}
+	if len(ids) != len(runs) {
+		return fmt.Errorf("number the runs of %s graph %d: got %d ids for %d runs", txn.ID, gi, len(ids), len(runs))
+	}
+	for i := range runs {
+		runs[i].ID = ids[i]
+		runs[i].CreatedAt, runs[i].UpdatedAt = now, now
+	}
+	ctx := tx.Statement.Context
+	outputsJSON := []byte("{}")
+	_, err = copyRows(ctx, "task_runs", runColumns, pgx.CopyFromSlice(len(runs), func(i int) ([]any, error) {
+		r := &runs[i]
+		outputs := outputsJSON
+		if len(r.Outputs) > 0 {
+			var err error
+			if outputs, err = json.Marshal(r.Outputs); err != nil {
+				return nil, fmt.Errorf("encode the outputs of run %d: %w", r.ID, err)
+			}
 		}
-		err := tx.Exec(`INSERT INTO run_edges (parent_id, child_id) SELECT * FROM unnest(?::bigint[], ?::bigint[])`,
-			pq64(parents), pq64(children)).Error
+		var attrsIn []byte // NULL, as gorm writes a nil map
+		if r.AttrsIn != nil {
+			attrsIn = dataJSON[r.NodeID]
+		}
+		return []any{r.ID, [16]byte(r.TransactionID), r.GraphIndex, r.GraphType, r.NodeID, r.NodeName, r.TaskName, r.TaskType,
+			r.Position, taskCodes[p.Runs[i].Task].specJSON, r.State, r.Attempt, r.FinishedAt, outputs, r.Error,
+			r.InputsHash, r.InputsBase, r.LCM, attrsIn, r.CreatedAt, r.UpdatedAt}, nil
+	}))
+	if err != nil {
+		return fmt.Errorf("persist runs of %s graph %d: %w", txn.ID, gi, err)
+	}
+	if len(p.Edges) > 0 {
+		_, err := copyRows(ctx, "run_edges", []string{"parent_id", "child_id"}, pgx.CopyFromSlice(len(p.Edges), func(i int) ([]any, error) {
+			return []any{runs[p.Edges[i].From].ID, runs[p.Edges[i].To].ID}, nil
+		}))
 		if err != nil {
 			return fmt.Errorf("persist edges of %s graph %d: %w", txn.ID, gi, err)
 		}
 	}
 	return nil
 }
+
+// runColumns are the columns of task_runs persistPlan copies, in the order
+// of its values; the others (claim, result, tails, noderole) keep their
+// defaults, as gorm's INSERT of a fresh TaskRun left them.
+var runColumns = []string{"id", "transaction_id", "graph_index", "graph_type", "node_id", "node_name", "task_name", "task_type",
+	"position", "spec", "state", "attempt", "finished_at", "outputs", "error",
+	"inputs_hash", "inputs_base", "lcm", "attrs_in", "created_at", "updated_at"}
 
 // contract.NodePlan loads a node's runs of graph gi in plan order with their edges.
 func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*contract.NodePlan, error) {
@@ -377,17 +461,4 @@ type edgeRow struct {
 	ParentID, ChildID          int64
 	ParentNode, ChildNode      int64
 	ParentState, ChildNodeName string
-}
-
-// pq64 writes ids as a Postgres array literal, {1,2,3}.
-func pq64(ids []int64) string {
-	b := make([]byte, 0, len(ids)*8+2)
-	b = append(b, '{')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, id, 10)
-	}
-	return string(append(b, '}'))
 }

@@ -254,7 +254,7 @@ func plannableNodes(tx *gorm.DB, deploymentID int64) ([]plan.Node, error) {
 	// A node the worker reaches over SSH (it has a key) needs no agent:
 	// "alive" (its agent phoning home) does not apply to it.
 	var viaSSH []int64
-	if err := tx.Model(&models.NodeSSH{}).Where("private_key <> '' AND node_id IN (SELECT id FROM nodes WHERE deployment_id = ?)", deploymentID).
+	if err := tx.Model(&models.NodeSSH{}).Scopes(models.WithSSHKey).Where("node_id IN (SELECT id FROM nodes WHERE deployment_id = ?)", deploymentID).
 		Pluck("node_id", &viaSSH).Error; err != nil {
 		return nil, fmt.Errorf("load the ssh nodes of deployment %d: %w", deploymentID, err)
 	}

@@ -97,17 +97,21 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Keys == nil {
 		return errors.New("no secret key: give -secret-key-file or set " + secrets.EnvKey)
 	}
-	db, err := models.Open(ctx, cfg.DatabaseURL)
+	db, done, err := models.OpenMigrated(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	if sqlDB, err := db.DB(); err == nil {
-		defer sqlDB.Close()
-	}
-	if err := models.Migrate(ctx, db); err != nil {
-		return err
-	}
+	defer done()
 	store := &models.Store{DB: db, Domain: cfg.Domain, Keys: cfg.Keys}
+	// An install upgraded from before node SSH keys were sealed (migration
+	// 0023) has them in the clear: seal them before anything reads them.
+	sealed, err := store.SealPlainNodeKeys(ctx)
+	if err != nil {
+		return fmt.Errorf("seal the node ssh keys stored in the clear: %w", err)
+	}
+	if sealed > 0 {
+		cfg.Log.Info("sealed the node ssh keys stored in the clear", "count", sealed, "key_id", cfg.Keys.PrimaryID())
+	}
 	if cfg.BootstrapToken != "" {
 		created, err := store.BootstrapAdminToken(ctx, "bootstrap", cfg.BootstrapToken)
 		if err != nil {
@@ -185,19 +189,15 @@ func ClientOptions(address, namespace string, keys *secrets.Keyring, logger log.
 }
 
 // RotateSecrets opens the database at databaseURL and seals again, with
-// the first of keys, every secret sealed with another key (`worker secrets
-// rotate`). It returns how many it re-sealed.
-func RotateSecrets(ctx context.Context, databaseURL string, keys *secrets.Keyring) (int, error) {
-	db, err := models.Open(ctx, databaseURL)
+// the first of keys, every secret and node SSH key sealed with another key,
+// and the node keys still in the clear (`worker secrets rotate`). It
+// returns how many it sealed.
+func RotateSecrets(ctx context.Context, databaseURL string, keys *secrets.Keyring) (models.Rotated, error) {
+	db, done, err := models.OpenMigrated(ctx, databaseURL)
 	if err != nil {
-		return 0, err
+		return models.Rotated{}, err
 	}
-	if sqlDB, err := db.DB(); err == nil {
-		defer sqlDB.Close()
-	}
-	if err := models.Migrate(ctx, db); err != nil {
-		return 0, err
-	}
+	defer done()
 	return (&models.Store{DB: db, Keys: keys}).RotateSecrets(ctx)
 }
 
@@ -205,16 +205,11 @@ func RotateSecrets(ctx context.Context, databaseURL string, keys *secrets.Keyrin
 // new operator token there, returning its secret: the first admin token of
 // an install, made on the command line (`worker token create`).
 func CreateToken(ctx context.Context, databaseURL, name, scope string) (*models.APIToken, string, error) {
-	db, err := models.Open(ctx, databaseURL)
+	db, done, err := models.OpenMigrated(ctx, databaseURL)
 	if err != nil {
 		return nil, "", err
 	}
-	if sqlDB, err := db.DB(); err == nil {
-		defer sqlDB.Close()
-	}
-	if err := models.Migrate(ctx, db); err != nil {
-		return nil, "", err
-	}
+	defer done()
 	return (&models.Store{DB: db}).CreateToken(ctx, name, scope)
 }
 

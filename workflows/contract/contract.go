@@ -57,12 +57,24 @@ const (
 // its agent before it counts as lost.
 const DefaultHeartbeatTimeout = 60 * time.Second
 
+// HeartbeatTimeout is the heartbeat timeout a workflow input asks for in
+// seconds, DefaultHeartbeatTimeout when it says 0.
+func HeartbeatTimeout(sec int) time.Duration {
+	if sec > 0 {
+		return time.Duration(sec) * time.Second
+	}
+	return DefaultHeartbeatTimeout
+}
+
 // Activity names, as registered by the worker (the method names of
 // activities.Activities) and as the workflows call them.
 const (
 	PlanGraphActivity            = "PlanGraph"
 	LoadNodePlanActivity         = "LoadNodePlan" // local activity
 	RunTaskOnNodeActivity        = "RunTaskOnNode"
+	RunChainOnNodeActivity       = "RunChainOnNode"
+	CutChainActivity             = "CutChain"     // local activity
+	EndLostChainActivity         = "EndLostChain" // local activity
 	RunOnOrchestratorActivity    = "RunOnOrchestrator"
 	RunOverSSHActivity           = "RunOverSSH"
 	RecordRunFailureActivity     = "RecordRunFailure"
@@ -88,7 +100,7 @@ const (
 // ActivityNames lists every activity name above, for the test that checks
 // the worker registers exactly these.
 var ActivityNames = []string{
-	PlanGraphActivity, LoadNodePlanActivity, RunTaskOnNodeActivity, RunOnOrchestratorActivity,
+	PlanGraphActivity, LoadNodePlanActivity, RunTaskOnNodeActivity, RunChainOnNodeActivity, CutChainActivity, EndLostChainActivity, RunOnOrchestratorActivity,
 	RecordRunFailureActivity, CancelRunsActivity, CheckRunStatesActivity, AbandonNodeRunsActivity,
 	FinishTransactionActivity, RecordNoOpActivity, FinishNodeGraphActivity, NodeBootIDActivity, RunDeliveryActivity,
 	AwaitRebootActivity, AnnealActivity, RecoverTransitionsActivity, PrepareNodeRoleRunActivity,

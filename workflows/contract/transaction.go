@@ -209,6 +209,44 @@ type RunTaskInput struct {
 	Node  string `json:"node"`
 }
 
+// RunChainInput names a chain of a node's runs to execute one after the
+// other under one RunChainOnNode activity: each starts when the one before
+// succeeded, none waits for another node, and only the last may have
+// dependants on other nodes (so they are woken as soon as it ends).
+type RunChainInput struct {
+	Node string     `json:"node"`
+	Runs []ChainRun `json:"runs"`
+}
+
+// ChainRun is one run of a chain.
+type ChainRun struct {
+	RunID int64  `json:"run_id"`
+	Task  string `json:"task"`
+}
+
+// ChainOutcome is how a chain ended (the result of RunChainOnNode): the
+// state of each of its runs. A chain ends at its last run, at the first
+// that fails, or when its transaction is stopped; runs after the end stay
+// pending.
+type ChainOutcome struct {
+	States map[int64]string `json:"states"`
+}
+
+// LostChain names a chain whose activity ended without a report (timed
+// out, failed): EndLostChain ends it in Postgres.
+type LostChain struct {
+	Head   int64  `json:"head"`
+	Reason string `json:"reason"`
+}
+
+// LostChainEnd is how EndLostChain left a lost chain's runs: their states,
+// and which of them it took back to pending because no agent had
+// acknowledged them (they are handed out again).
+type LostChainEnd struct {
+	States    map[int64]string `json:"states"`
+	TakenBack []int64          `json:"taken_back,omitempty"`
+}
+
 // RunDelivery says how far a run got towards its node's agent (the result
 // of RunDelivery): its state and attempt, and whether the agent
 // acknowledged that attempt.
@@ -265,6 +303,13 @@ type RebootWait struct {
 	Node       string `json:"node"`
 	OldBootID  string `json:"old_boot_id"`
 	TimeoutSec int    `json:"timeout_sec"`
+}
+
+// CompleteChainOnNode completes the RunChainOnNode activity identified by
+// its task token with the states of the chain's runs: the one encoding of
+// a chain's outcome for its workflow.
+func CompleteChainOnNode(ctx context.Context, tc ActivityCompleter, taskToken []byte, states map[int64]string) error {
+	return tc.CompleteActivity(ctx, taskToken, ChainOutcome{States: states}, nil)
 }
 
 // StartTransaction starts a transaction's workflow under its readable ID

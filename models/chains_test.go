@@ -1,0 +1,117 @@
+package models_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models/storetest"
+	"github.com/anneal-dev/anneal/workflows/contract"
+)
+
+// TestChainsInTheStore follows a chain of ctl's two runs (setup -> db)
+// through the store as the API and the workflow drive it: dispatched
+// linked; continued once per report, however often the report comes;
+// handed out again from its first unfinished run; and ended when its
+// activity is lost, in agreement with what a late report may do.
+func TestChainsInTheStore(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	chain := []int64{setup.ID, db.ID}
+
+	first, err := f.Store.DispatchChain(f.Ctx, chain, []byte("token-1"))
+	require.NoError(t, err)
+	require.Equal(t, setup.ID, first.ID)
+	assert.Equal(t, contract.RunRunning, first.State)
+	require.NotNil(t, first.ChainNext)
+	assert.Equal(t, db.ID, *first.ChainNext)
+
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	require.NoError(t, err)
+	next, handBack, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
+	require.NoError(t, err)
+	require.NotNil(t, next)
+	assert.True(t, handBack, "claimed for the reporting agent")
+	assert.Equal(t, db.ID, next.ID)
+	assert.Equal(t, 1, next.Attempt)
+	assert.Equal(t, "echo db", next.Spec.Cmd, "the whole row, for the work item")
+	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
+	require.NoError(t, err)
+	assert.Empty(t, offered, "not offered to a poll while its claim lasts")
+	again, handBack, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
+	require.NoError(t, err)
+	require.NotNil(t, again)
+	assert.False(t, handBack)
+	assert.Equal(t, 1, again.Attempt, "a repeated report dispatches nothing again")
+	cur := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
+	assert.Equal(t, []byte("token-1"), cur.TaskToken, "the chain's activity")
+	states, err := f.Store.ChainStates(f.Ctx, setup.ID)
+	require.NoError(t, err)
+	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunRunning}, states)
+
+	// The activity is lost before an agent took db: it is taken back.
+	end, err := f.Store.EndLostChain(f.Ctx, setup.ID, "no result from the node's agent: timeout")
+	require.NoError(t, err)
+	assert.Equal(t, []int64{db.ID}, end.TakenBack)
+	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunPending}, end.States)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 1})
+	storetest.RequireConflict(t, err)
+
+	// Handed out again: the run that succeeded is passed over.
+	second, err := f.Store.DispatchChain(f.Ctx, chain, []byte("token-2"))
+	require.NoError(t, err)
+	require.Equal(t, db.ID, second.ID)
+	assert.Equal(t, 2, second.Attempt)
+	assert.Equal(t, 1, f.RunsByLabel(t, txn)["setup@"+storetest.CtlName].Attempt, "setup is not run again")
+
+	// Lost again, this time after the agent took db: db fails with the
+	// reason, and its report, should it still come, is refused.
+	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, db.ID, 2)
+	require.NoError(t, err)
+	end, err = f.Store.EndLostChain(f.Ctx, setup.ID, "no result from the node's agent: timeout")
+	require.NoError(t, err)
+	assert.Empty(t, end.TakenBack)
+	assert.Equal(t, contract.RunFailed, end.States[db.ID])
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 2})
+	storetest.RequireConflict(t, err)
+	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
+	assert.Equal(t, contract.RunFailed, got.State)
+	assert.Equal(t, "no result from the node's agent: timeout", got.Error)
+}
+
+// A stop cuts a chain: the API then hands out none of its runs not yet
+// started, and a dispatch no agent acknowledged is taken back.
+func TestChainCutAndTakeBack(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
+	require.NoError(t, err)
+	require.NoError(t, f.Store.CutChain(f.Ctx, setup.ID))
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	require.NoError(t, err)
+	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
+	require.NoError(t, err)
+	assert.Nil(t, next, "the chain was cut: nothing more is handed out")
+	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
+
+	run, err := f.Store.DispatchRun(f.Ctx, db.ID, []byte("token-2"))
+	require.NoError(t, err)
+	taken, err := f.Store.TakeBackDispatch(f.Ctx, db.ID, run.Attempt)
+	require.NoError(t, err)
+	assert.True(t, taken)
+	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
+	run, err = f.Store.DispatchRun(f.Ctx, db.ID, []byte("token-3"))
+	require.NoError(t, err)
+	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, db.ID, run.Attempt)
+	require.NoError(t, err)
+	taken, err = f.Store.TakeBackDispatch(f.Ctx, db.ID, run.Attempt)
+	require.NoError(t, err)
+	assert.False(t, taken, "the agent has it")
+}

@@ -1,0 +1,47 @@
+package models
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// InputsBaseJSON must hash the very bytes InputsBase does: the hashes of
+// runs already stored are what LCM compares new ones with.
+func TestInputsBaseJSONAgreesWithInputsBase(t *testing.T) {
+	type task struct {
+		ID         string            `json:"id"`
+		Type       string            `json:"type,omitempty"`
+		Requires   []string          `json:"requires,omitempty"`
+		Parameters map[string]any    `json:"parameters"`
+		Env        map[string]string `json:"env,omitempty"`
+	}
+	definitions := []any{
+		&task{ID: "t1", Parameters: map[string]any{"cmd": "true", "timeout": 60}},
+		// HTML-escaped characters, quotes, non-ASCII and a nested map.
+		&task{ID: "a<b>&c", Type: "shell", Requires: []string{"x\"y", "ü"},
+			Parameters: map[string]any{"cmd": "echo '<&>' \u2028", "nested": map[string]any{"z": 1.5, "a": []any{nil, true}}},
+			Env:        map[string]string{"B": "2", "A": "1"}},
+		nil,
+	}
+	data := []map[string]any{
+		nil,
+		{},
+		{"anneal": map[string]any{"node": "n1.anneal.test", "roles": []any{"bench"}, "tags": []any{}}, "x": "<y>"},
+	}
+	for i, def := range definitions {
+		rawDef, err := json.Marshal(def)
+		require.NoError(t, err)
+		for j, d := range data {
+			rawData, err := json.Marshal(d)
+			require.NoError(t, err)
+			for _, node := range []string{"n1.anneal.test", "we<ird>&\"node"} {
+				want, err := InputsBase(def, node, d)
+				require.NoError(t, err)
+				assert.Equal(t, want, InputsBaseJSON(rawDef, node, rawData), "definition %d, data %d, node %q", i, j, node)
+			}
+		}
+	}
+}
