@@ -238,7 +238,13 @@ func LastFinishedRuns(tx *gorm.DB, deploymentID int64, graphType string, nodes [
 // UpstreamOutputs returns the outputs of the runs run depends on, directly
 // or not, that ended well (succeeded, or skipped with the outputs of the
 // run they stand for): what the task reads of them.
-func UpstreamOutputs(tx *gorm.DB, runID int64) ([]RunOutputs, error) {
+//
+// The runs of its transaction with outputs come first, from the partial
+// index task_runs_tx_outputs_idx (the predicate is written with literals so
+// that it serves it, also from a cached generic plan), and the walk up the
+// run's ancestors is made only when there are some: most runs hand over no
+// outputs, and the walk is as deep as the run's place in its chain.
+func UpstreamOutputs(tx *gorm.DB, run *TaskRun) ([]RunOutputs, error) {
 	var rows []struct {
 		TaskName string
 		NodeName string
@@ -250,10 +256,11 @@ WITH RECURSIVE up(id) AS (
   UNION
   SELECT e.parent_id FROM run_edges e JOIN up ON e.child_id = up.id
 )
-SELECT r.task_name, r.node_name, r.outputs FROM task_runs r JOIN up ON up.id = r.id
-WHERE r.state IN ? AND r.outputs <> '{}'::jsonb`, runID, []string{contract.RunSucceeded, contract.RunSkipped}).Scan(&rows).Error
+SELECT r.task_name, r.node_name, r.outputs FROM task_runs r
+WHERE r.transaction_id = ? AND r.state IN ('succeeded', 'skipped') AND r.outputs <> '{}'::jsonb
+  AND r.id IN (SELECT id FROM up)`, run.ID, run.TransactionID).Scan(&rows).Error
 	if err != nil {
-		return nil, fmt.Errorf("load the outputs run %d depends on: %w", runID, err)
+		return nil, fmt.Errorf("load the outputs run %d depends on: %w", run.ID, err)
 	}
 	out := make([]RunOutputs, len(rows))
 	for i, r := range rows {
@@ -318,7 +325,7 @@ func finalInputs(tx *gorm.DB, runID int64, maySkip bool) (*TaskRun, string, erro
 	if run.InputsBase == "" {
 		return nil, "", nil // a noderole's run, or one planned before LCM knew inputs
 	}
-	up, err := UpstreamOutputs(tx, runID)
+	up, err := UpstreamOutputs(tx, &run)
 	if err != nil {
 		return nil, "", err
 	}

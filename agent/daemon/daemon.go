@@ -503,18 +503,17 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 		a.reportInterrupted(ctx, rec)
 		return
 	}
-	// New, or received by a process that stopped before starting it.
+	// New, or received by a process that stopped before starting it. No
+	// record is written before the acknowledgement: one that said
+	// "received" would be treated exactly as no record at all (the command
+	// has not started, so running it later is safe), and each record
+	// written costs two fsyncs. The first record is "started", written
+	// before the command starts.
 	rec = &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
-		NodeRoleID: item.NodeRoleID, Type: item.Type, Phase: PhaseReceived}
-	if err := a.records.SaveRun(rec); err != nil {
-		log.Error("cannot record the run durably; not starting it", "error", err)
-		a.report(ctx, log, item.RunID, failedResult(item, fmt.Sprintf("not started: the agent cannot record the run durably (%v)", err)))
-		return
-	}
+		NodeRoleID: item.NodeRoleID, Type: item.Type, Phase: PhaseStarted}
 	if !a.ack(ctx, log, item) {
 		return
 	}
-	rec.Phase = PhaseStarted
 	if err := a.records.SaveRun(rec); err != nil {
 		log.Error("cannot record the run's start durably; not starting it", "error", err)
 		a.finish(ctx, log, rec, failedResult(item, fmt.Sprintf("not started: the agent cannot record the run durably (%v)", err)))

@@ -4,10 +4,11 @@ package daemon
 // at least once on the wire. The API offers a run again until the agent
 // acknowledges it, so the same run and attempt may arrive twice (an answer
 // lost on the way, a server restarted between claim and response, an agent
-// restarted before it acknowledged). Before acknowledging a run the agent
-// writes <WorkDir>/records/run-<id>.<attempt>.json, marks it started just
-// before the command starts and stores the result when it ends, each time
-// with write, fsync and rename. A run offered again is therefore never
+// restarted before it acknowledged). Once it has acknowledged a run, just
+// before the command starts, the agent writes
+// <WorkDir>/records/run-<id>.<attempt>.json marked started, and it stores
+// the result there when the command ends, each time with write, fsync and
+// rename. A run offered again is therefore never
 // executed twice: its stored result is reported again, or, when a previous
 // agent process died while running it, it is reported as failed with that
 // reason. A new attempt (a retry decided by the server) has a new number
@@ -37,8 +38,10 @@ const RecordRetention = 7 * 24 * time.Hour
 
 // Phases of a run record.
 const (
-	// PhaseReceived: written before the run is acknowledged; the command
-	// has not started, so running it later is safe.
+	// PhaseReceived: the run was received and its command has not
+	// started, so running it later is safe. Earlier agents wrote it
+	// before acknowledging a run; it is still read, and means what no
+	// record means.
 	PhaseReceived = "received"
 	// PhaseStarted: written just before the command starts.
 	PhaseStarted = "started"

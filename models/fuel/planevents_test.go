@@ -144,3 +144,46 @@ func TestPlanEventsAndOrder(t *testing.T) {
 		})
 	}
 }
+
+// Run updates are announced from the trigger's transition tables (migration
+// 0026): a changed state or attempt is one "run" event with the run's
+// fields, in id order; an update that changes neither (an acknowledgement,
+// a claim) sends none; more than 200 changed runs in one statement are one
+// "runs" event per transaction with their count.
+func TestRunUpdateEvents(t *testing.T) {
+	ctx := context.Background()
+	store, url, dep := chainDeployment(t, 11, 20)
+	txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
+		func(*fuel.Transaction) error { return nil })
+	require.NoError(t, err)
+	_, err = store.PlanGraph(ctx, txn.ID, 0)
+	require.NoError(t, err)
+	var runs []models.TaskRun
+	require.NoError(t, store.DB.Where("transaction_id = ?", txn.ID).Order("id").Find(&runs).Error)
+	require.Len(t, runs, 220)
+	events := listen(t, url)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		require.NoError(t, store.DB.Exec(sql, args...).Error)
+	}
+
+	exec(`UPDATE task_runs SET state = 'running', attempt = attempt + 1 WHERE id = ?`, runs[0].ID)
+	exec(`UPDATE task_runs SET acked_at = now() WHERE id = ?`, runs[0].ID)
+	exec(`UPDATE task_runs SET updated_at = now(), state = CASE WHEN id = ? THEN state ELSE 'blocked' END WHERE id IN ?`,
+		runs[1].ID, []int64{runs[3].ID, runs[1].ID, runs[2].ID})
+	got := runEvents(events(), txn.ID.String())
+	require.Len(t, got, 3, "the dispatch, then the two runs blocked; nothing for the acknowledgement or the unchanged run: %v", got)
+	assert.Equal(t, map[string]any{"kind": "run", "id": float64(runs[0].ID), "deployment_id": float64(dep.ID),
+		"state": contract.RunRunning, "transaction": txn.ID.String(), "noderole": nil, "node": runs[0].NodeName,
+		"task": runs[0].TaskName, "graph": float64(0), "attempt": float64(1)}, got[0])
+	for i, r := range runs[2:4] {
+		assert.Equal(t, float64(r.ID), got[i+1]["id"], "in id order")
+		assert.Equal(t, contract.RunBlocked, got[i+1]["state"])
+	}
+
+	exec(`UPDATE task_runs SET state = 'cancelled' WHERE transaction_id = ? AND state = 'pending'`, txn.ID)
+	got = runEvents(events(), txn.ID.String())
+	require.Len(t, got, 1, "one event for a large statement: %v", got)
+	assert.Equal(t, map[string]any{"kind": "runs", "id": txn.ID.String(), "deployment_id": float64(dep.ID),
+		"state": "changed", "count": float64(220 - 3)}, got[0])
+}
