@@ -242,7 +242,7 @@ func (s *Server) workItem(ctx context.Context, r models.TaskRun) (protocol.WorkI
 		// Special tasks the agent runs were turned into shell at
 		// planning, but for reboot.
 		Task: r.TaskName, Type: agentType(r.TaskType), Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
-		Env: env,
+		Env: env, LogWithResult: true,
 	}
 	// Secrets: the task's environment variables, and the references in
 	// a noderole's attributes.
@@ -444,6 +444,9 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	nodeID := principal(c).NodeID
+	if err := s.storeResultLog(ctx, nodeID, runID, res); err != nil {
+		return err
+	}
 	rec, err := s.cfg.Store.RecordRunResult(ctx, nodeID, runID, res)
 	if err != nil {
 		return err
@@ -500,6 +503,30 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	log.Info("run reported", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed)
 	return c.JSON(http.StatusOK, protocol.RunResultResponse{RunID: run.ID, State: run.State})
+}
+
+// storeResultLog stores the end of a run's log that its report carries
+// (protocol.RunResult.Log, asked for by WorkItem.LogWithResult), before the
+// result, so that a reader following the log has all of it once the run
+// has ended. A chunk the store refuses (it starts past what the server has:
+// an earlier chunk was lost) leaves the log incomplete, as a refused log
+// request does, and the result still counts.
+func (s *Server) storeResultLog(ctx context.Context, nodeID, runID int64, res protocol.RunResult) error {
+	if res.Log == nil {
+		return nil
+	}
+	var fe *protocol.FieldError
+	if err := res.Validate(); errors.As(err, &fe) {
+		return &models.InputError{Status: http.StatusBadRequest, Field: fe.Field, Reason: fe.Reason}
+	}
+	_, err := s.cfg.Store.AppendRunLog(ctx, nodeID, runID, res.Attempt, res.Log.Offset, res.Log.Data)
+	var offsetErr *models.LogOffsetError
+	var inputErr *models.InputError
+	if errors.As(err, &offsetErr) || errors.As(err, &inputErr) {
+		s.log.Warn("the log sent with a run's result was refused; the result stands", "run", runID, "attempt", res.Attempt, "error", err)
+		return nil
+	}
+	return err
 }
 
 // continueChain dispatches the next run of a chain whose run succeeded,

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"math"
 	"net/http"
@@ -145,6 +146,15 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	require.NotNil(t, after.ExitCode)
 	assert.Equal(t, 0, *after.ExitCode, "a repeated report changes nothing")
 
+	// The run's short log came with its result (log_with_result): the API
+	// has it whole, byte for byte what the node wrote.
+	onNode, err := os.ReadFile(filepath.Join(agent.WorkDir, "logs", ans.TaskUUID, fmt.Sprintf("count.%d.1.log", run.ID)))
+	require.NoError(t, err)
+	status, logged := st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/transactions/%s/runs/%d/log", ans.TaskUUID, run.ID), nil, nil)
+	require.Equal(t, http.StatusOK, status, "%s", logged)
+	assert.Equal(t, string(onNode), string(logged))
+	assert.Contains(t, string(logged), "out| counted\n")
+
 	for _, tt := range []struct {
 		path  string
 		body  string
@@ -156,6 +166,9 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 		{protocol.PathRunResult, fmt.Sprintf(`{"attempt": 1, "exit_code": %d}`, int64(1)<<40), "exit_code"},
 		{protocol.PathRunResult, `{"attempt": 1, "started_at": "yesterday"}`, "started_at"},
 		{protocol.PathRunResult, `{"attempt": 1, "finished_at": "0001-01-01T00:00:01Z"}`, "finished_at"},
+		{protocol.PathRunResult, `{"attempt": 1, "log": {"offset": -1, "data": ""}}`, "log.offset"},
+		{protocol.PathRunResult, fmt.Sprintf(`{"attempt": 1, "log": {"offset": 0, "data": %q}}`,
+			base64.StdEncoding.EncodeToString(make([]byte, protocol.MaxLogWithResult+1))), "log.data"},
 		{protocol.PathRunAck, fmt.Sprintf(`{"attempt": %d}`, int64(1)<<33), "attempt"},
 		{protocol.PathRunHeartbeat, fmt.Sprintf(`{"attempt": %d}`, int64(1)<<33), "attempt"},
 	} {

@@ -534,7 +534,8 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	// The log goes to the API while the run goes on; the rest is sent
 	// before the result, so a reader following it sees all of it.
 	execDone, shipDone := make(chan struct{}), make(chan struct{})
-	if tail := a.logShipper(log, item); tail != nil {
+	tail := a.logShipper(log, item)
+	if tail != nil {
 		go func() {
 			defer close(shipDone)
 			tail.follow(ctx, a, a.cfg.LogShipEvery, execDone)
@@ -558,6 +559,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	} else {
 		log.Warn("run failed", attrs...)
 	}
+	res.Log = tail.rest(ctx, a)
 	a.finish(ctx, log, rec, res)
 }
 
@@ -616,7 +618,9 @@ func (a *agent) ack(ctx context.Context, log *slog.Logger, item protocol.WorkIte
 // finish stores a run's result durably, then reports it (once only when
 // the agent is stopping).
 func (a *agent) finish(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult) {
-	rec.Phase, rec.Result = PhaseFinished, &res
+	kept := res
+	kept.Log = nil // the log's end rides on this report only: the API has it once stored
+	rec.Phase, rec.Result = PhaseFinished, &kept
 	if err := a.records.SaveRun(rec); err != nil {
 		// The result still goes out; only a repeated offer would miss it.
 		log.Error("cannot store the run's result durably", "error", err)

@@ -273,6 +273,16 @@ func (f *fakeAPI) result(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusServiceUnavailable, "unavailable", "try later")
 		return
 	}
+	if res.Log != nil {
+		// The end of the log, sent with the result: stored as a log
+		// request's chunk would be.
+		k := logKey{id, res.Attempt}
+		f.logs.withResult[k]++
+		if size, ok := f.logs.store(k, res.Log.Offset, res.Log.Data); !ok {
+			f.t.Errorf("run %d: the log sent with the result starts at %d, past %d", id, res.Log.Offset, size)
+		}
+		res.Log = nil
+	}
 	f.results[id] = append(f.results[id], res)
 	if st := f.resultStatus[id]; st != 0 {
 		apiError(w, st, "conflict", fmt.Sprintf("run %d was not awaiting a result", id))

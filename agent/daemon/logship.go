@@ -45,6 +45,9 @@ type logTail struct {
 	truncated bool
 	// stopped: the API will take no more of this log (a final refusal).
 	stopped bool
+	// withResult: the API takes the end of the log with the run's result
+	// (protocol.WorkItem.LogWithResult), so follow leaves it to rest.
+	withResult bool
 }
 
 // logShipper returns the tail of a run's log, or nil when the executor
@@ -58,12 +61,14 @@ func (a *agent) logShipper(log *slog.Logger, item protocol.WorkItem) *logTail {
 	if !ok || item.Type == protocol.TypeReboot {
 		return nil
 	}
-	return &logTail{ship: ship, log: log, path: lp.LogPath(item), runID: item.RunID, attempt: item.Attempt}
+	return &logTail{ship: ship, log: log, path: lp.LogPath(item), runID: item.RunID, attempt: item.Attempt,
+		withResult: item.LogWithResult}
 }
 
 // follow ships the log every period until done is closed, then ships the
 // rest (retrying until the API took it, refused it for good, or ctx ends),
-// so that the whole log is on the server before the result is reported.
+// so that the whole log is on the server before the result is reported,
+// unless the result is to carry the rest (withResult: see rest).
 func (l *logTail) follow(ctx context.Context, a *agent, every time.Duration, done <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -72,7 +77,9 @@ func (l *logTail) follow(ctx context.Context, a *agent, every time.Duration, don
 		case <-ctx.Done():
 			return
 		case <-done:
-			l.drain(ctx, a)
+			if !l.withResult {
+				l.drain(ctx, a)
+			}
 			return
 		case <-t.C:
 		}
@@ -96,6 +103,49 @@ func (l *logTail) drain(ctx context.Context, a *agent) {
 	default:
 		l.log.Warn("the API refused the run's log; it stays on the node", "path", l.path, "error", apiMessage(err))
 	}
+}
+
+// rest returns the end of the log for the run's result to carry, once the
+// command has ended and follow has returned, when the API takes it there
+// (withResult) and it is short (protocol.MaxLogWithResult): one request
+// fewer per run. A longer rest, or one of a log the API keeps no more of,
+// is shipped in log requests now (drain), and nil is returned.
+func (l *logTail) rest(ctx context.Context, a *agent) *protocol.RunLogTail {
+	if l == nil || !l.withResult {
+		return nil
+	}
+	if !l.stopped && !l.truncated {
+		data, err := readLogFrom(l.path, l.offset, protocol.MaxLogWithResult+1)
+		switch {
+		case err == nil && len(data) == 0:
+			return nil
+		case err == nil && len(data) <= protocol.MaxLogWithResult:
+			return &protocol.RunLogTail{Offset: l.offset, Data: data}
+		case err != nil:
+			l.log.Debug("reading the end of the run's log failed; shipping it on its own", "error", err)
+		}
+	}
+	l.drain(ctx, a)
+	return nil
+}
+
+// readLogFrom reads up to n bytes of the file at path from offset on; a
+// missing file is an empty log.
+func readLogFrom(path string, offset int64, n int) ([]byte, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, n)
+	got, err := f.ReadAt(buf, offset)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return buf[:got], nil
 }
 
 func isAPIError(err error, code string) bool {

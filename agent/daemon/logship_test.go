@@ -39,10 +39,11 @@ type fakeLogs struct {
 	failures    int // answer 503 to this many posts first, storing nothing
 	lostAnswers int // then store this many posts but answer 503
 	cap         int // keep at most this many bytes (0: all)
+	withResult  map[logKey]int // chunks that came with a result
 }
 
 func newFakeLogs() *fakeLogs {
-	return &fakeLogs{data: map[logKey][]byte{}, size: map[logKey]int64{}, posts: map[logKey][]logPost{}}
+	return &fakeLogs{data: map[logKey][]byte{}, size: map[logKey]int64{}, posts: map[logKey][]logPost{}, withResult: map[logKey]int{}}
 }
 
 func (f *fakeAPI) runLog(w http.ResponseWriter, r *http.Request) {
@@ -66,16 +67,31 @@ func (f *fakeAPI) runLog(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusServiceUnavailable, "unavailable", "try later")
 		return
 	}
+	if size, ok := l.store(k, offset, body); !ok {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprintf(w, `{"error":{"code":"invalid_input","message":"send from %d","details":{"field":"offset","offset":%d}}}`, size, size)
+		return
+	}
+	if l.lostAnswers > 0 {
+		l.lostAnswers--
+		apiError(w, http.StatusServiceUnavailable, "unavailable", "stored, but the answer is lost")
+		return
+	}
+	writeJSON(w, protocol.RunLogState{Offset: l.size[k], Stored: int64(len(l.data[k])),
+		Truncated: l.cap > 0 && l.size[k] > int64(l.cap)})
+}
+
+// store keeps a chunk of a log (the caller holds f.mu): idempotent by
+// offset; false, with the size the server has, when it starts past it.
+func (l *fakeLogs) store(k logKey, offset int64, body []byte) (int64, bool) {
 	size := l.size[k]
 	if truncated := l.cap > 0 && size > int64(l.cap); truncated && offset > size {
 		l.size[k] = offset + int64(len(body)) // nothing more is kept: only the length counts
 		size = l.size[k]
 	}
 	if offset > size {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusConflict)
-		fmt.Fprintf(w, `{"error":{"code":"invalid_input","message":"send from %d","details":{"field":"offset","offset":%d}}}`, size, size)
-		return
+		return size, false
 	}
 	if skip := size - offset; skip < int64(len(body)) {
 		fresh := body[skip:]
@@ -86,13 +102,7 @@ func (f *fakeAPI) runLog(w http.ResponseWriter, r *http.Request) {
 		}
 		l.data[k] = append(l.data[k], fresh[:keep]...)
 	}
-	if l.lostAnswers > 0 {
-		l.lostAnswers--
-		apiError(w, http.StatusServiceUnavailable, "unavailable", "stored, but the answer is lost")
-		return
-	}
-	writeJSON(w, protocol.RunLogState{Offset: l.size[k], Stored: int64(len(l.data[k])),
-		Truncated: l.cap > 0 && l.size[k] > int64(l.cap)})
+	return l.size[k], true
 }
 
 func (f *fakeAPI) shippedLog(run int64, attempt int) ([]byte, []logPost) {
@@ -211,4 +221,56 @@ func TestLogTruncatedSkipsAhead(t *testing.T) {
 		sent += p.n
 	}
 	assert.LessOrEqual(t, sent, daemon.LogChunkBytes+1000, "the bytes past the cap are not all sent")
+}
+
+// TestLogWithResult: when the API asks for it, a short run's log rides on
+// its result (no log request of its own) and is not kept in the agent's
+// record; a long one goes in log requests first, as does the log of a
+// stored result reported again.
+func TestLogWithResult(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	start(t, testConfig(t, f, dir))
+
+	short := work(95, 1, `echo hello; echo oops >&2`)
+	short.LogWithResult = true
+	long := work(96, 1, fmt.Sprintf(`head -c %d /dev/zero | tr '\0' x; echo`, protocol.MaxLogWithResult+10))
+	long.LogWithResult = true
+	f.push(short, long)
+	res := f.waitResults(t, 95, 1)[0]
+	assert.Nil(t, res.Log, "the fake keeps the log apart from the result")
+	data, posts := f.shippedLog(95, 1)
+	file, err := os.ReadFile(filepath.Join(dir, "logs", "tx-e2e", "task95.95.1.log"))
+	require.NoError(t, err)
+	assert.Equal(t, string(file), string(data), "the whole log, byte for byte, with the result")
+	assert.Contains(t, string(data), "out| hello\n")
+	assert.Contains(t, string(data), "# finished ")
+	assert.Empty(t, posts, "no log request for a short log")
+	f.mu.Lock()
+	assert.Equal(t, 1, f.logs.withResult[logKey{95, 1}])
+	f.mu.Unlock()
+	rec, err := (&daemon.Records{Dir: filepath.Join(dir, daemon.RecordsDir)}).LoadRun(95, 1)
+	require.NoError(t, err)
+	require.NotNil(t, rec.Result)
+	assert.Nil(t, rec.Result.Log, "the record keeps the outcome, not the log")
+
+	f.waitResults(t, 96, 1)
+	data, posts = f.shippedLog(96, 1)
+	file, err = os.ReadFile(filepath.Join(dir, "logs", "tx-e2e", "task96.96.1.log"))
+	require.NoError(t, err)
+	assert.Equal(t, len(file), len(data), "the whole long log")
+	assert.NotEmpty(t, posts, "a long log goes in log requests")
+	f.mu.Lock()
+	assert.Zero(t, f.logs.withResult[logKey{96, 1}], "and the result carries none of it")
+	f.mu.Unlock()
+
+	// Offered again: the stored result is reported again, and its log goes
+	// in a log request (idempotent by offset: nothing stored twice).
+	f.push(short)
+	again := f.waitResults(t, 95, 2)[1]
+	assert.Equal(t, res, again)
+	data, posts = f.shippedLog(95, 1)
+	assert.Len(t, posts, 1)
+	first, _ := os.ReadFile(filepath.Join(dir, "logs", "tx-e2e", "task95.95.1.log"))
+	assert.Equal(t, string(first), string(data), "stored once")
 }

@@ -116,6 +116,23 @@ type WorkItem struct {
 	// the agent replaces them with "***" in everything it logs, keeps and
 	// reports (log file, output tails, outputs, attributes, errors).
 	Redact []string `json:"redact,omitempty"`
+	// LogWithResult says that the API takes the end of the run's log with
+	// its result (RunResult.Log), so a short run's log costs no request of
+	// its own. Absent from APIs that do not; an agent then ships all of the
+	// log with log requests.
+	LogWithResult bool `json:"log_with_result,omitempty"`
+}
+
+// MaxLogWithResult bounds the log a result carries (RunResult.Log): a longer
+// rest of the log goes in log requests before the result.
+const MaxLogWithResult = 64 << 10
+
+// RunLogTail is the end of a run attempt's log, from byte Offset on, sent
+// with its result. It is stored as a log request's chunk would be:
+// idempotent by offset, so a report sent again stores nothing twice.
+type RunLogTail struct {
+	Offset int64  `json:"offset"`
+	Data   []byte `json:"data"`
 }
 
 // Timeout returns the run's timeout as a duration.
@@ -177,6 +194,10 @@ type RunResult struct {
 	Error      string    `json:"error,omitempty"`
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`
+	// Log is the end of the run's log, sent with the result to an API that
+	// asked for it (WorkItem.LogWithResult). It is not part of the outcome:
+	// the agent's record of the run keeps none.
+	Log *RunLogTail `json:"log,omitempty"`
 }
 
 // Succeeded reports whether the run counts as a success.
@@ -209,6 +230,14 @@ func (r RunResult) Validate() error {
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal(r.Attrs, &obj); err != nil || obj == nil {
 			return &FieldError{Field: "attrs", Reason: "must be a JSON object"}
+		}
+	}
+	if r.Log != nil {
+		if r.Log.Offset < 0 {
+			return &FieldError{Field: "log.offset", Reason: "must be 0 or more"}
+		}
+		if len(r.Log.Data) > MaxLogWithResult {
+			return &FieldError{Field: "log.data", Reason: fmt.Sprintf("a result carries at most %d bytes of log, got %d; send the rest in log requests first", MaxLogWithResult, len(r.Log.Data))}
 		}
 	}
 	return nil
