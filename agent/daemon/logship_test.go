@@ -36,9 +36,9 @@ type fakeLogs struct {
 	data        map[logKey][]byte
 	size        map[logKey]int64
 	posts       map[logKey][]logPost
-	failures    int // answer 503 to this many posts first, storing nothing
-	lostAnswers int // then store this many posts but answer 503
-	cap         int // keep at most this many bytes (0: all)
+	failures    int            // answer 503 to this many posts first, storing nothing
+	lostAnswers int            // then store this many posts but answer 503
+	cap         int            // keep at most this many bytes (0: all)
 	withResult  map[logKey]int // chunks that came with a result
 }
 
