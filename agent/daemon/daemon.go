@@ -514,7 +514,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	if !a.ack(ctx, log, item) {
 		return
 	}
-	if err := a.records.SaveRun(rec); err != nil {
+	if err := a.records.CreateRun(rec); err != nil {
 		log.Error("cannot record the run's start durably; not starting it", "error", err)
 		a.finish(ctx, log, rec, failedResult(item, fmt.Sprintf("not started: the agent cannot record the run durably (%v)", err)))
 		return

@@ -6,9 +6,9 @@ package daemon
 // lost on the way, a server restarted between claim and response, an agent
 // restarted before it acknowledged). Once it has acknowledged a run, just
 // before the command starts, the agent writes
-// <WorkDir>/records/run-<id>.<attempt>.json marked started, and it stores
-// the result there when the command ends, each time with write, fsync and
-// rename. A run offered again is therefore never
+// <WorkDir>/records/run-<id>.<attempt>.json marked started (a new file,
+// written and synced), and it stores the result there when the command
+// ends (write, fsync and rename); the directory is synced each time. A run offered again is therefore never
 // executed twice: its stored result is reported again, or, when a previous
 // agent process died while running it, it is reported as failed with that
 // reason. A new attempt (a retry decided by the server) has a new number
@@ -105,6 +105,36 @@ func (r *Records) LoadRun(runID int64, attempt int) (*RunRecord, error) {
 func (r *Records) SaveRun(rec *RunRecord) error {
 	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
 	return r.save(r.RunRecordPath(rec.RunID, rec.Attempt), rec)
+}
+
+// CreateRun stores the first record of a run's attempt durably: written in
+// place (a new file, synced, and the directory synced), one file creation
+// and rename fewer than SaveRun, which replaces a record. A crash while it
+// is written leaves a torn record, which reads as unreadable, so the run is
+// reported failed rather than run (see runItem). A record that exists
+// already (one an earlier agent wrote) is replaced as SaveRun does.
+func (r *Records) CreateRun(rec *RunRecord) error {
+	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
+	path := r.RunRecordPath(rec.RunID, rec.Attempt)
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode record: %w", err)
+	}
+	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
+		return fmt.Errorf("records directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return r.save(path, rec)
+	}
+	if err != nil {
+		return fmt.Errorf("write record %s: %w", path, err)
+	}
+	_, werr := f.Write(data)
+	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
+		return fmt.Errorf("write record %s: %w", path, err)
+	}
+	return r.syncDir()
 }
 
 // LoadSoftware returns the record of a deployment round, or nil.
@@ -208,6 +238,12 @@ func (r *Records) save(path string, v any) error {
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("store record %s: %w", path, err)
 	}
+	return r.syncDir()
+}
+
+// syncDir syncs the records directory, so that a file created or renamed
+// in it survives a crash.
+func (r *Records) syncDir() error {
 	d, err := os.Open(r.Dir)
 	if err != nil {
 		return fmt.Errorf("sync records directory: %w", err)

@@ -197,3 +197,49 @@ func TestSoftwareRoundAppliedOnce(t *testing.T) {
 	assert.Contains(t, sig.StatusReason, "interrupted")
 	assert.Equal(t, 1, countLines(t, count), "the interrupted round is not applied again")
 }
+
+// CreateRun writes a run's first record in place, private and readable; a
+// record already there (an earlier agent's "received") is replaced; a torn
+// record reads as an error, never as no record.
+func TestCreateRunRecord(t *testing.T) {
+	recs := &daemon.Records{Dir: filepath.Join(t.TempDir(), daemon.RecordsDir)}
+	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 90, Attempt: 1, Task: "t", Phase: daemon.PhaseStarted}))
+	got, err := recs.LoadRun(90, 1)
+	require.NoError(t, err)
+	require.NotNil(t, got)
+	assert.Equal(t, daemon.PhaseStarted, got.Phase)
+	assert.Equal(t, os.Getpid(), got.PID)
+	st, err := os.Stat(recs.RunRecordPath(90, 1))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+
+	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 91, Attempt: 1, Phase: daemon.PhaseReceived}))
+	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 91, Attempt: 1, Phase: daemon.PhaseStarted}))
+	got, err = recs.LoadRun(91, 1)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.PhaseStarted, got.Phase, "replaced")
+	entries, err := os.ReadDir(recs.Dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 2, "no temporary file left behind")
+
+	require.NoError(t, os.WriteFile(recs.RunRecordPath(92, 1), []byte(`{"run_id": 92, "attempt": 1, "pha`), 0o600))
+	_, err = recs.LoadRun(92, 1)
+	assert.Error(t, err, "a torn record is unreadable")
+}
+
+// A torn record (a crash while it was first written) is never read as "not
+// run": the run offered again is reported failed, and not executed.
+func TestTornRecordNotRun(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	count := filepath.Join(t.TempDir(), "count")
+	recs := &daemon.Records{Dir: filepath.Join(dir, daemon.RecordsDir)}
+	require.NoError(t, os.MkdirAll(recs.Dir, 0o700))
+	require.NoError(t, os.WriteFile(recs.RunRecordPath(93, 1), []byte(`{"run_id": 93, "attempt": 1, "pha`), 0o600))
+	start(t, testConfig(t, f, dir))
+	f.push(work(93, 1, appendCmd(count)))
+	res := f.waitResults(t, 93, 1)[0]
+	assert.False(t, res.Succeeded())
+	assert.Contains(t, res.Error, "record of this run is unreadable")
+	assert.Equal(t, 0, countLines(t, count), "not run")
+}
