@@ -187,3 +187,33 @@ func TestRunUpdateEvents(t *testing.T) {
 	assert.Equal(t, map[string]any{"kind": "runs", "id": txn.ID.String(), "deployment_id": float64(dep.ID),
 		"state": "changed", "count": float64(220 - 3)}, got[0])
 }
+
+// A large plan refreshes the planner statistics of runs and edges at once
+// (a small one leaves them to autovacuum): the planner then finds a node's
+// runs by index, not by scanning the whole transaction.
+func TestLargePlanAnalyzed(t *testing.T) {
+	ctx := context.Background()
+	reltuples := func(store *storetest.Stores, table string) float64 {
+		var n float64
+		require.NoError(t, store.DB.Raw("SELECT reltuples FROM pg_class WHERE relname = ?", table).Scan(&n).Error)
+		return n
+	}
+	for _, tc := range []struct {
+		nodes, tasks int
+		analyzed     bool
+	}{{25, 20, true}, {2, 3, false}} {
+		store, _, dep := chainDeployment(t, tc.nodes, tc.tasks)
+		txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
+			func(*fuel.Transaction) error { return nil })
+		require.NoError(t, err)
+		gp, err := store.PlanGraph(ctx, txn.ID, 0)
+		require.NoError(t, err)
+		require.Equal(t, tc.nodes*tc.tasks, gp.Runs)
+		if tc.analyzed {
+			assert.Equal(t, float64(tc.nodes*tc.tasks), reltuples(store, "task_runs"))
+			assert.Equal(t, float64(tc.nodes*(tc.tasks-1)), reltuples(store, "run_edges"))
+		} else {
+			assert.Less(t, reltuples(store, "task_runs"), float64(1), "left to autovacuum")
+		}
+	}
+}
