@@ -69,6 +69,13 @@ func TestClaimLease(t *testing.T) {
 	acked, err := f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 1)
 	require.NoError(t, err)
 	assert.Equal(t, contract.RunRunning, acked.State)
+	// What the API heartbeats the run's activity with.
+	assert.Equal(t, setup.ID, acked.ID)
+	assert.Equal(t, 1, acked.Attempt)
+	assert.Equal(t, again[0].TaskToken, acked.TaskToken)
+	assert.NotEmpty(t, acked.TaskToken)
+	assert.Equal(t, again[0].TaskName, acked.TaskName)
+	assert.Equal(t, again[0].NodeName, acked.NodeName)
 	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 1)
 	require.NoError(t, err, "a repeated acknowledgement is harmless")
 	time.Sleep(2 * lease)

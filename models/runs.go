@@ -445,6 +445,10 @@ WHERE node_id = ? AND state = ? AND acked_at IS NULL AND lease_until IS NOT NULL
 // running is returned unchanged, and the caller tells the agent. Another
 // attempt than the current one is a *ConflictError: that agent holds a
 // stale offer.
+//
+// A run just acknowledged comes back with the columns of ackColumns only
+// (what the caller needs to heartbeat its activity): it is read at every
+// run's start, and its spec and attributes are JSON to decode.
 func (s *Store) AckRun(ctx context.Context, nodeID, runID int64, attempt int) (*TaskRun, error) {
 	if err := checkAttempt(attempt, true); err != nil {
 		return nil, err
@@ -454,7 +458,7 @@ func (s *Store) AckRun(ctx context.Context, nodeID, runID int64, attempt int) (*
 	err := db.Raw(`
 UPDATE task_runs SET acked_at = now(), lease_until = NULL, updated_at = now()
 WHERE id = ? AND node_id = ? AND state = ? AND acked_at IS NULL AND (attempt = ? OR ? = 0)
-RETURNING *`, runID, nodeID, contract.RunRunning, attempt, attempt).Scan(&runs).Error
+RETURNING `+ackColumns, runID, nodeID, contract.RunRunning, attempt, attempt).Scan(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("acknowledge run %d: %w", runID, err)
 	}
@@ -470,6 +474,10 @@ RETURNING *`, runID, nodeID, contract.RunRunning, attempt, attempt).Scan(&runs).
 	}
 	return run, nil
 }
+
+// ackColumns are the columns of a run AckRun returns when it acknowledges
+// it.
+const ackColumns = "id, transaction_id, node_id, node_name, task_name, state, attempt, task_token, chain_head, chain_next"
 
 // checkAttempt refuses an attempt number no run can have: attempts count
 // from 1 and are stored in 32 bits. zeroOK allows 0 for "not given".
