@@ -286,8 +286,8 @@ func settleInputs(tx *gorm.DB, runID int64) (*TaskRun, error) {
 // settleInputsHash is settleInputs that leaves the writing of the inputs
 // hash to the caller ("" when there is none to write): DispatchRun sets it
 // in the statement that dispatches the run, one round trip fewer.
-func settleInputsHash(tx *gorm.DB, runID int64) (*TaskRun, string, error) {
-	return finalInputs(tx, runID, true)
+func settleInputsHash(tx *gorm.DB, run TaskRun) (*TaskRun, string, error) {
+	return finalInputsOf(tx, run, true)
 }
 
 // writeInputsHash stores a run's final inputs hash (nothing when "").
@@ -317,11 +317,20 @@ func recordInputs(tx *gorm.DB, runID int64) error {
 // written).
 func finalInputs(tx *gorm.DB, runID int64, maySkip bool) (*TaskRun, string, error) {
 	var run TaskRun
-	err := tx.Select("id", "transaction_id", "node_id", "node_name", "task_name", "graph_type", "state", "inputs_base", "lcm").
-		Take(&run, runID).Error
+	err := tx.Select(inputsColumns).Take(&run, runID).Error
 	if err != nil {
 		return nil, "", fmt.Errorf("load run %d: %w", runID, err)
 	}
+	return finalInputsOf(tx, run, maySkip)
+}
+
+// inputsColumns are the columns of a run finalInputsOf reads.
+var inputsColumns = []string{"id", "transaction_id", "node_id", "node_name", "task_name", "graph_type", "state", "inputs_base", "lcm"}
+
+// finalInputsOf is finalInputs of a run whose inputsColumns are loaded
+// already (dispatch reads them with the lock of the run's node).
+func finalInputsOf(tx *gorm.DB, run TaskRun, maySkip bool) (*TaskRun, string, error) {
+	runID := run.ID
 	if run.InputsBase == "" {
 		return nil, "", nil // a noderole's run, or one planned before LCM knew inputs
 	}

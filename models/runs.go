@@ -95,13 +95,11 @@ var dispatchable = []string{contract.RunPending, contract.RunRunning, contract.R
 // set; nil dispatches it alone and unlinks it. It returns the run's whole
 // row.
 func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBusy bool) (*TaskRun, error) {
-	var owner []struct {
-		NodeID     int64
-		NodeName   string
-		NodeRoleID *int64 `gorm:"column:noderole_id"`
-		State      string
-	}
-	if err := tx.Raw(`SELECT t.node_id, t.node_name, t.noderole_id, t.state FROM task_runs t
+	// The node locked, and in the same round trip what settling the
+	// run's inputs needs (inputsColumns) and its noderole.
+	var owner []TaskRun
+	if err := tx.Raw(`SELECT t.id, t.transaction_id, t.node_id, t.node_name, t.noderole_id, t.task_name, t.graph_type, t.state,
+			t.inputs_base, t.lcm FROM task_runs t
 			JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF n`, runID).Scan(&owner).Error; err != nil {
 		return nil, fmt.Errorf("lock the node of run %d: %w", runID, err)
 	}
@@ -109,7 +107,7 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 	if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
 		// Every run it depends on has ended: its inputs are final, and
 		// may show that it has nothing to do (LCM).
-		skipped, h, err := settleInputsHash(tx, runID)
+		skipped, h, err := settleInputsHash(tx, owner[0])
 		hash = h
 		if err != nil {
 			return nil, err
@@ -541,6 +539,16 @@ func (s *Store) AgentRun(ctx context.Context, nodeID, runID int64) (*TaskRun, er
 	return &run, nil
 }
 
+// resultReturning are the columns RecordRunResult reads back with its
+// UPDATE, besides those it writes: what the API needs to answer the report
+// and go on with the run's chain or activity. A run's spec, attributes and
+// outputs are JSON to decode, and are not needed there.
+var resultReturning = clause.Returning{Columns: []clause.Column{
+	{Name: "id"}, {Name: "transaction_id"}, {Name: "graph_index"}, {Name: "graph_type"}, {Name: "node_id"}, {Name: "node_name"},
+	{Name: "noderole_id"}, {Name: "task_name"}, {Name: "task_type"}, {Name: "position"}, {Name: "attempt"}, {Name: "task_token"},
+	{Name: "chain_head"}, {Name: "chain_next"}, {Name: "started_at"},
+}}
+
 // RecordedResult says what RecordRunResult did.
 type RecordedResult struct {
 	Run *TaskRun
@@ -550,7 +558,8 @@ type RecordedResult struct {
 
 // RecordRunResult stores an agent's report of a run of its own node. The
 // common case is one UPDATE; only a refused or repeated report reads the row
-// to say why.
+// to say why. The run it returns after that UPDATE holds what was written
+// and the columns of resultReturning; a repeated report's is the whole row.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
 	if err := checkResult(res); err != nil {
 		return nil, err
@@ -588,7 +597,7 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		run.AttrsOut, _ = red.Value(stripNULMap(back)).(map[string]any)
 		cols = append(cols, "attrs_out")
 	}
-	upd := db.Model(&run).Clauses(clause.Returning{}).
+	upd := db.Model(&run).Clauses(resultReturning).
 		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, contract.RunRunning).
 		Select(cols).
 		Updates(&run)

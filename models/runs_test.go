@@ -289,6 +289,14 @@ func TestRecordRunResult(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, rec.Changed)
 	assert.Equal(t, contract.RunSucceeded, rec.Run.State)
+	// What the API answers and continues with comes back with it.
+	assert.Equal(t, setup.ID, rec.Run.ID)
+	assert.Equal(t, txn.ID, rec.Run.TransactionID)
+	assert.Equal(t, setup.TaskName, rec.Run.TaskName)
+	assert.Equal(t, storetest.CtlName, rec.Run.NodeName)
+	assert.Equal(t, f.Ctl.ID, rec.Run.NodeID)
+	assert.Equal(t, 1, rec.Run.Attempt)
+	assert.Equal(t, map[string]string{"url": "http://x"}, rec.Run.Outputs)
 
 	loaded, err := f.Store.AgentRun(f.Ctx, f.Ctl.ID, setup.ID)
 	require.NoError(t, err)
