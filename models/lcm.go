@@ -361,6 +361,13 @@ func finalInputsOf(tx *gorm.DB, run TaskRun, maySkip bool) (*TaskRun, string, er
 			if res.Error != nil {
 				return nil, "", fmt.Errorf("skip run %d: %w", runID, res.Error)
 			}
+			if res.RowsAffected == 0 {
+				// No longer pending (its state was read before the node's
+				// lock was granted, and another dispatch came first): the
+				// dispatching UPDATE, which checks the row as it is now,
+				// decides.
+				return nil, hash, nil
+			}
 			var out TaskRun
 			if err := tx.Take(&out, runID).Error; err != nil {
 				return nil, "", fmt.Errorf("load run %d: %w", runID, err)

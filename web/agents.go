@@ -338,8 +338,8 @@ func (s *Server) ackLease() time.Duration {
 	return models.DefaultAckLease
 }
 
-// agentRunAck is the agent taking delivery of a run: it has recorded the
-// run durably and is about to execute it, so the run is not offered again.
+// agentRunAck is the agent taking delivery of a run: it is about to record
+// the run started and execute it, so the run is not offered again.
 // It also counts as the run's first heartbeat. A repeated ack is harmless;
 // another attempt, or a run that is no longer running, is a 409 and the
 // agent must not execute it.
@@ -508,23 +508,23 @@ func (s *Server) agentRunResult(c echo.Context) error {
 // storeResultLog stores the end of a run's log that its report carries
 // (protocol.RunResult.Log, asked for by WorkItem.LogWithResult), before the
 // result, so that a reader following the log has all of it once the run
-// has ended. A chunk the store refuses (it starts past what the server has:
-// an earlier chunk was lost) leaves the log incomplete, as a refused log
-// request does, and the result still counts.
+// has ended. A chunk that starts past what the server has (an earlier
+// chunk was lost) is a 409 naming log.offset, with the offset to send
+// from, as on the log route: the report is refused, and the agent ships
+// the log in log requests, then reports again without it.
 func (s *Server) storeResultLog(ctx context.Context, nodeID, runID int64, res protocol.RunResult) error {
 	if res.Log == nil {
 		return nil
 	}
 	var fe *protocol.FieldError
-	if err := res.Validate(); errors.As(err, &fe) {
+	if err := res.Log.Validate(); errors.As(err, &fe) {
 		return &models.InputError{Status: http.StatusBadRequest, Field: fe.Field, Reason: fe.Reason}
 	}
 	_, err := s.cfg.Store.AppendRunLog(ctx, nodeID, runID, res.Attempt, res.Log.Offset, res.Log.Data)
-	var offsetErr *models.LogOffsetError
-	var inputErr *models.InputError
-	if errors.As(err, &offsetErr) || errors.As(err, &inputErr) {
-		s.log.Warn("the log sent with a run's result was refused; the result stands", "run", runID, "attempt", res.Attempt, "error", err)
-		return nil
+	var oe *models.LogOffsetError
+	if errors.As(err, &oe) {
+		return &models.InputError{Status: http.StatusConflict, Field: "log.offset", Reason: oe.Error(),
+			Details: map[string]any{"offset": oe.Expected}}
 	}
 	return err
 }

@@ -154,6 +154,17 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "%s", logged)
 	assert.Equal(t, string(onNode), string(logged))
 	assert.Contains(t, string(logged), "out| counted\n")
+	// A log that starts past the server's copy (a chunk lost before it) is
+	// a 409 naming the offset to send from, as on the log route; the
+	// report changes nothing.
+	status, raw = call(protocol.PathRunResult, run.ID, token, map[string]any{"attempt": 1, "exit_code": 9,
+		"log": map[string]any{"offset": len(onNode) + 10, "data": base64.StdEncoding.EncodeToString([]byte("late\n"))}})
+	assert.Equal(t, http.StatusConflict, status, raw)
+	assert.Contains(t, raw, `"field":"log.offset"`)
+	assert.Contains(t, raw, fmt.Sprintf(`"offset":%d`, len(onNode)))
+	status, logged = st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/transactions/%s/runs/%d/log", ans.TaskUUID, run.ID), nil, nil)
+	require.Equal(t, http.StatusOK, status, "%s", logged)
+	assert.Equal(t, string(onNode), string(logged), "nothing stored")
 
 	for _, tt := range []struct {
 		path  string
@@ -169,6 +180,8 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 		{protocol.PathRunResult, `{"attempt": 1, "log": {"offset": -1, "data": ""}}`, "log.offset"},
 		{protocol.PathRunResult, fmt.Sprintf(`{"attempt": 1, "log": {"offset": 0, "data": %q}}`,
 			base64.StdEncoding.EncodeToString(make([]byte, protocol.MaxLogWithResult+1))), "log.data"},
+		{protocol.PathRunResult, `{"attempt": 1, "log": {"offset": 0, "data": "not base64!"}}`, "log.data"},
+		{protocol.PathRunResult, `{"attempt": 1, "log": {"offset": "zero", "data": ""}}`, "log.offset"},
 		{protocol.PathRunAck, fmt.Sprintf(`{"attempt": %d}`, int64(1)<<33), "attempt"},
 		{protocol.PathRunHeartbeat, fmt.Sprintf(`{"attempt": %d}`, int64(1)<<33), "attempt"},
 	} {

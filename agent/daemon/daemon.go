@@ -160,8 +160,8 @@ type agent struct {
 // and stores the credential it gets, and reports as failed the runs its
 // durable record (see Records) shows started by a previous process that
 // never finished them. Then it sends a node heartbeat every HeartbeatEvery,
-// and long-polls for work; each run handed out is recorded, acknowledged
-// and executed once (never twice for the same run and attempt, even across
+// and long-polls for work; each run handed out is acknowledged, recorded
+// started and executed once (never twice for the same run and attempt, even across
 // restarts: a run offered again gets its stored result), with a run heartbeat every
 // RunHeartbeatEvery that cancels the execution when the API asks for it or no
 // longer knows the run (404, 409), and its result is reported, retrying
@@ -475,8 +475,8 @@ func (a *agent) workLoop(ctx context.Context) {
 // heartbeats, then reports it. The durable record decides: a run and
 // attempt already finished gets its stored result reported again; one a
 // dead agent process had started is reported failed; a new one is
-// recorded, acknowledged, marked started, executed and its result stored
-// before it is reported.
+// acknowledged, recorded started, executed and its result stored before it
+// is reported.
 func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	log := a.log.With(runAttrs(item)...)
 	key := keyOf(item)
@@ -532,7 +532,8 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, item.Attempt, log)
 	}()
 	// The log goes to the API while the run goes on; the rest is sent
-	// before the result, so a reader following it sees all of it.
+	// before the result, or with it (finishWithLog), so a reader following
+	// it sees all of it.
 	execDone, shipDone := make(chan struct{}), make(chan struct{})
 	tail := a.logShipper(log, item)
 	if tail != nil {
@@ -559,8 +560,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	} else {
 		log.Warn("run failed", attrs...)
 	}
-	res.Log = tail.rest(ctx, a)
-	a.finish(ctx, log, rec, res)
+	a.finishWithLog(ctx, log, rec, res, tail)
 }
 
 // begin marks a run as executing in this process; false if it already is.
@@ -618,18 +618,36 @@ func (a *agent) ack(ctx context.Context, log *slog.Logger, item protocol.WorkIte
 // finish stores a run's result durably, then reports it (once only when
 // the agent is stopping).
 func (a *agent) finish(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult) {
-	kept := res
-	kept.Log = nil // the log's end rides on this report only: the API has it once stored
-	rec.Phase, rec.Result = PhaseFinished, &kept
+	a.finishWithLog(ctx, log, rec, res, nil)
+}
+
+// finishWithLog is finish for a run whose log tail ships its log: the end
+// of the log rides on the report when the API takes it there (see
+// logTail.rest). A report refused with the log on it (an API that cannot
+// take it after all, a body past its limit, a gap in the server's copy of
+// the log) is not the end of the result: the log goes in log requests,
+// then the result is reported again without it. The stored record never
+// keeps the log.
+func (a *agent) finishWithLog(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult, tail *logTail) {
+	rec.Phase, rec.Result = PhaseFinished, &res
 	if err := a.records.SaveRun(rec); err != nil {
 		// The result still goes out; only a repeated offer would miss it.
 		log.Error("cannot store the run's result durably", "error", err)
 	}
+	withLog := res
+	withLog.Log = tail.rest(ctx, a)
 	if ctx.Err() != nil {
-		a.reportOnce(ctx, log, rec.RunID, res)
+		a.reportOnce(ctx, log, rec.RunID, withLog)
 		return
 	}
-	a.report(ctx, log, rec.RunID, res)
+	err := a.sendReport(ctx, rec.RunID, withLog)
+	if st := statusOf(err); withLog.Log != nil && st >= 400 && st < 500 && st != http.StatusUnauthorized {
+		log.Info("the API refused the result with the end of the log on it; shipping the log on its own, then the result again",
+			"status", st, "error", apiMessage(err))
+		tail.drain(ctx, a)
+		err = a.sendReport(ctx, rec.RunID, res)
+	}
+	a.logReport(ctx, log, err)
 }
 
 // recover runs at start: runs a previous agent process started and never
@@ -712,12 +730,17 @@ func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCa
 // final 4xx, or the end of ctx. Runs the answer hands back are kept for
 // the work loop.
 func (a *agent) report(ctx context.Context, log *slog.Logger, runID int64, res protocol.RunResult) {
-	err := a.retry(ctx, "reporting the result", func(ctx context.Context) error {
+	a.logReport(ctx, log, a.sendReport(ctx, runID, res))
+}
+
+// sendReport is report without the logging: the last error, nil once the
+// API took the result.
+func (a *agent) sendReport(ctx context.Context, runID int64, res protocol.RunResult) error {
+	return a.retry(ctx, "reporting the result", func(ctx context.Context) error {
 		next, err := a.rep.Report(ctx, runID, res)
 		a.handBack(next)
 		return err
 	})
-	a.logReport(ctx, log, err)
 }
 
 // reportOnce makes one attempt, for a run interrupted by the agent stopping.

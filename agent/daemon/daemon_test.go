@@ -54,6 +54,7 @@ type fakeAPI struct {
 	resultFailures   map[int64]int                 // answer 503 to this many result posts first
 	resultStatus     map[int64]int                 // answer result posts with this status
 	handBack         map[int64][]protocol.WorkItem // runs handed back with a run's result (a chain's next)
+	refuseResultLog  int                           // answer a result carrying a log with this status (an API that does not take it)
 	acks             map[int64][]int               // attempts acknowledged per run
 	ackStatus        map[int64]int                 // answer acks with this status
 	software         []protocol.SoftwareDeployment
@@ -271,6 +272,10 @@ func (f *fakeAPI) result(w http.ResponseWriter, r *http.Request) {
 	if f.resultFailures[id] > 0 {
 		f.resultFailures[id]--
 		apiError(w, http.StatusServiceUnavailable, "unavailable", "try later")
+		return
+	}
+	if res.Log != nil && f.refuseResultLog != 0 {
+		apiError(w, f.refuseResultLog, "invalid_input", `json: unknown field "log"`)
 		return
 	}
 	if res.Log != nil {

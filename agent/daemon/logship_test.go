@@ -238,7 +238,6 @@ func TestLogWithResult(t *testing.T) {
 	long.LogWithResult = true
 	f.push(short, long)
 	res := f.waitResults(t, 95, 1)[0]
-	assert.Nil(t, res.Log, "the fake keeps the log apart from the result")
 	data, posts := f.shippedLog(95, 1)
 	file, err := os.ReadFile(filepath.Join(dir, "logs", "tx-e2e", "task95.95.1.log"))
 	require.NoError(t, err)
@@ -273,4 +272,33 @@ func TestLogWithResult(t *testing.T) {
 	assert.Len(t, posts, 1)
 	first, _ := os.ReadFile(filepath.Join(dir, "logs", "tx-e2e", "task95.95.1.log"))
 	assert.Equal(t, string(first), string(data), "stored once")
+}
+
+// TestLogWithResultRefused: a report refused because of the log it carries
+// (an API replica that does not take it, a body past its limit) loses
+// neither: the log goes in log requests, then the result again without it.
+func TestLogWithResultRefused(t *testing.T) {
+	for _, status := range []int{http.StatusBadRequest, http.StatusRequestEntityTooLarge} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			f := newFakeAPI(t)
+			f.refuseResultLog = status
+			dir := t.TempDir()
+			start(t, testConfig(t, f, dir))
+			item := work(97, 1, `echo hello`)
+			item.LogWithResult = true
+			f.push(item)
+			res := f.waitResults(t, 97, 1)[0]
+			assert.True(t, res.Succeeded())
+			assert.Equal(t, "hello\n", res.StdoutTail)
+			data, posts := f.shippedLog(97, 1)
+			file, err := os.ReadFile(filepath.Join(dir, "logs", "tx-e2e", "task97.97.1.log"))
+			require.NoError(t, err)
+			assert.Equal(t, string(file), string(data), "the whole log, in log requests")
+			assert.NotEmpty(t, posts)
+			f.mu.Lock()
+			assert.Equal(t, 2, f.resultPosts[97], "refused with the log, then taken without it")
+			assert.Zero(t, f.logs.withResult[logKey{97, 1}])
+			f.mu.Unlock()
+		})
+	}
 }

@@ -8,12 +8,13 @@ package daemon
 // before the command starts, the agent writes
 // <WorkDir>/records/run-<id>.<attempt>.json marked started (a new file,
 // written and synced), and it stores the result there when the command
-// ends (write, fsync and rename); the directory is synced each time. A run offered again is therefore never
-// executed twice: its stored result is reported again, or, when a previous
-// agent process died while running it, it is reported as failed with that
-// reason. A new attempt (a retry decided by the server) has a new number
-// and a record of its own. Software deployment rounds keep the same kind of
-// record, software-<id>.<round>.json.
+// ends (write, fsync and rename); the directory is synced each time. A run
+// offered again is therefore never executed twice: its stored result is
+// reported again, or, when a previous agent process died while running it,
+// it is reported as failed with that reason. A new attempt (a retry decided
+// by the server) has a new number and a record of its own. Software
+// deployment rounds keep the same kind of record,
+// software-<id>.<round>.json.
 
 import (
 	"encoding/json"
@@ -108,8 +109,8 @@ func (r *Records) SaveRun(rec *RunRecord) error {
 }
 
 // CreateRun stores the first record of a run's attempt durably: written in
-// place (a new file, synced, and the directory synced), one file creation
-// and rename fewer than SaveRun, which replaces a record. A crash while it
+// place (a new file, synced, and the directory synced), without the
+// temporary file renamed over the record with which SaveRun replaces one. A crash while it
 // is written leaves a torn record, which reads as unreadable, so the run is
 // reported failed rather than run (see runItem). A record that exists
 // already (one an earlier agent wrote) is replaced as SaveRun does.

@@ -5,7 +5,9 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -135,11 +137,51 @@ type RunLogTail struct {
 	Data   []byte `json:"data"`
 }
 
+// UnmarshalJSON reads a log tail strictly (no unknown fields), naming the
+// field as "log.<field>" when a value is wrong: encoding/json names none
+// for data that is not base64.
+func (l *RunLogTail) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		Offset int64  `json:"offset"`
+		Data   string `json:"data"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return &FieldError{Field: "log." + te.Field, Reason: fmt.Sprintf("must be a %s", te.Type)}
+		}
+		return &FieldError{Field: "log", Reason: err.Error()}
+	}
+	data, err := base64.StdEncoding.DecodeString(raw.Data)
+	if err != nil {
+		return &FieldError{Field: "log.data", Reason: "is not base64: " + err.Error()}
+	}
+	l.Offset, l.Data = raw.Offset, data
+	return nil
+}
+
+// Validate checks a log tail's offset and size. Errors are *FieldError.
+func (l *RunLogTail) Validate() error {
+	if l.Offset < 0 || l.Offset > MaxLogOffset {
+		return &FieldError{Field: "log.offset", Reason: fmt.Sprintf("must be 0 to %d", int64(MaxLogOffset))}
+	}
+	if len(l.Data) > MaxLogWithResult {
+		return &FieldError{Field: "log.data", Reason: fmt.Sprintf("a result carries at most %d bytes of log, got %d; send the rest in log requests first", MaxLogWithResult, len(l.Data))}
+	}
+	return nil
+}
+
+// MaxLogOffset bounds a log tail's offset: far past any log a run writes,
+// and far from overflowing when its data's length is added.
+const MaxLogOffset = 1 << 50
+
 // Timeout returns the run's timeout as a duration.
 func (w WorkItem) Timeout() time.Duration { return time.Duration(w.TimeoutSec) * time.Second }
 
 // RunAck is what an agent sends (POST PathRunAck) when it has taken
-// delivery of a run, after recording it durably and before executing it:
+// delivery of a run, before it records the run started and executes it:
 // the run is then not offered again. An ack for another attempt than the
 // run's current one is refused with 409, and the agent must not run it.
 type RunAck struct {
@@ -233,12 +275,7 @@ func (r RunResult) Validate() error {
 		}
 	}
 	if r.Log != nil {
-		if r.Log.Offset < 0 {
-			return &FieldError{Field: "log.offset", Reason: "must be 0 or more"}
-		}
-		if len(r.Log.Data) > MaxLogWithResult {
-			return &FieldError{Field: "log.data", Reason: fmt.Sprintf("a result carries at most %d bytes of log, got %d; send the rest in log requests first", MaxLogWithResult, len(r.Log.Data))}
-		}
+		return r.Log.Validate()
 	}
 	return nil
 }
