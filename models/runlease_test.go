@@ -1,13 +1,16 @@
 package models_test
 
 import (
+	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
@@ -153,3 +156,38 @@ func TestRecordRunResultRanges(t *testing.T) {
 }
 
 func mustErr(_ any, err error) error { return err }
+
+// The agents' work queries find a node's runs by index also from a cached
+// generic plan (their state is a literal), now that no index of their own
+// stands in the way of HOT acknowledgements (migration 0027).
+func TestWorkQueriesUseAnIndex(t *testing.T) {
+	f := storetest.NewFixture(t)
+	for _, q := range []struct {
+		sql    string
+		params string
+	}{{models.ClaimWorkSQL, "(float8, bigint)"}, {models.NextOfferSQL, "(bigint)"}} {
+		// Number the placeholders as PREPARE wants them.
+		sql, n := q.sql, 0
+		for strings.Contains(sql, "?") {
+			n++
+			sql = strings.Replace(sql, "?", fmt.Sprintf("$%d", n), 1)
+		}
+		args := "(5, 1)"
+		if n == 1 {
+			args = "(1)"
+		}
+		var plan []string
+		err := f.Store.DB.Connection(func(tx *gorm.DB) error {
+			for _, stmt := range []string{"SET enable_seqscan = off", "SET plan_cache_mode = force_generic_plan",
+				"PREPARE work_query" + q.params + " AS " + sql} {
+				if err := tx.Exec(stmt).Error; err != nil {
+					return err
+				}
+			}
+			defer tx.Exec("DEALLOCATE work_query")
+			return tx.Raw("EXPLAIN EXECUTE work_query" + args).Scan(&plan).Error
+		})
+		require.NoError(t, err)
+		assert.Contains(t, strings.Join(plan, "\n"), "task_runs_node_unfinished_idx", "%s", q.sql)
+	}
+}

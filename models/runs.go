@@ -413,24 +413,33 @@ func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration
 		lease = DefaultAckLease
 	}
 	var runs []TaskRun
-	err := s.DB.WithContext(ctx).Raw(`
-UPDATE task_runs SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now()
-WHERE node_id = ? AND state = ? AND acked_at IS NULL AND (claimed_at IS NULL OR lease_until <= now())
-RETURNING *`, lease.Seconds(), nodeID, contract.RunRunning).Scan(&runs).Error
+	// The state is a literal, so that task_runs_node_unfinished_idx serves
+	// the query from a cached generic plan too (as NextOffer's).
+	err := s.DB.WithContext(ctx).Raw(claimWorkSQL, lease.Seconds(), nodeID).Scan(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim work of node %d: %w", nodeID, err)
 	}
 	return runs, nil
 }
 
+// claimWorkSQL claims a node's runs to hand out (lease seconds, node).
+const claimWorkSQL = `
+UPDATE task_runs SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now()
+WHERE node_id = ? AND state = 'running' AND acked_at IS NULL AND (claimed_at IS NULL OR lease_until <= now())
+RETURNING *`
+
+// nextOfferSQL finds when a node's next unacknowledged run is offered
+// again (node).
+const nextOfferSQL = `
+SELECT min(lease_until) FROM task_runs
+WHERE node_id = ? AND state = 'running' AND acked_at IS NULL AND lease_until IS NOT NULL`
+
 // NextOffer returns when the earliest unacknowledged run handed to a node
 // will be offered again, or the zero time if none waits: a long poll wakes
 // then instead of waiting for a notification that will not come.
 func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) {
 	var next sql.NullTime
-	err := s.DB.WithContext(ctx).Raw(`
-SELECT min(lease_until) FROM task_runs
-WHERE node_id = ? AND state = ? AND acked_at IS NULL AND lease_until IS NOT NULL`, nodeID, contract.RunRunning).Row().Scan(&next)
+	err := s.DB.WithContext(ctx).Raw(nextOfferSQL, nodeID).Row().Scan(&next)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("next offer of node %d: %w", nodeID, err)
 	}
