@@ -1,6 +1,7 @@
 package models_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,6 +15,24 @@ import (
 // Secrets are sealed under their deployment and name, listed without
 // values, opened for a node of their deployment, and re-sealed with the
 // first key by a rotation, after which the old key can go.
+// rotate re-seals with newKey while oldKey still opens what it sealed, as
+// "worker secrets rotate" does, checks that a second rotation finds nothing
+// left, and leaves s with newKey alone. It returns what the first rotated.
+func rotate(t *testing.T, s *storetest.Stores, newKey, oldKey string) models.Rotated {
+	t.Helper()
+	var err error
+	s.Keys, err = secrets.ParseKeys(newKey + "," + oldKey)
+	require.NoError(t, err)
+	rot, err := s.RotateSecrets(context.Background())
+	require.NoError(t, err)
+	again, err := s.RotateSecrets(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, again, "nothing left to re-seal")
+	s.Keys, err = secrets.ParseKeys(newKey)
+	require.NoError(t, err)
+	return rot
+}
+
 func TestSecretsSealListOpenRotate(t *testing.T) {
 	s, ctx := storetest.New(t)
 	oldKey, newKey := secrets.GenerateKey(), secrets.GenerateKey()
@@ -53,16 +72,7 @@ func TestSecretsSealListOpenRotate(t *testing.T) {
 	assert.Equal(t, "pw=***", red.String("pw=hunter22-prod"))
 
 	// Rotation: the new key first, the old one still there.
-	s.Keys, err = secrets.ParseKeys(newKey + "," + oldKey)
-	require.NoError(t, err)
-	n, err := s.RotateSecrets(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, models.Rotated{Secrets: 1}, n)
-	n, err = s.RotateSecrets(ctx)
-	require.NoError(t, err)
-	assert.Zero(t, n, "nothing left to re-seal")
-	s.Keys, err = secrets.ParseKeys(newKey)
-	require.NoError(t, err)
+	assert.Equal(t, models.Rotated{Secrets: 1}, rotate(t, s, newKey, oldKey))
 	vals, err = s.NodeSecrets(ctx, node.ID, []string{"db-password"})
 	require.NoError(t, err, "readable with the new key alone")
 	assert.Equal(t, "hunter22-prod", vals["db-password"])
