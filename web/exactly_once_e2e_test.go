@@ -165,6 +165,14 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	status, logged = st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/transactions/%s/runs/%d/log", ans.TaskUUID, run.ID), nil, nil)
 	require.Equal(t, http.StatusOK, status, "%s", logged)
 	assert.Equal(t, string(onNode), string(logged), "nothing stored")
+	// A log that continues the server's copy is stored from the report
+	// (the report itself, a repeat, changes nothing).
+	status, raw = call(protocol.PathRunResult, run.ID, token, map[string]any{"attempt": 1,
+		"log": map[string]any{"offset": len(onNode), "data": base64.StdEncoding.EncodeToString([]byte("more\n"))}})
+	assert.Equal(t, http.StatusOK, status, raw)
+	status, logged = st.Do(t, http.MethodGet, fmt.Sprintf("/api/v1/transactions/%s/runs/%d/log", ans.TaskUUID, run.ID), nil, nil)
+	require.Equal(t, http.StatusOK, status, "%s", logged)
+	assert.Equal(t, string(onNode)+"more\n", string(logged), "stored from the report")
 
 	for _, tt := range []struct {
 		path  string
