@@ -92,8 +92,10 @@ var dispatchable = []string{contract.RunPending, contract.RunRunning, contract.R
 // checkBusy (a chain's later runs follow their predecessor on a node the
 // chain holds), and dispatches it. chain dispatches it as a run of a chain
 // (linked by DispatchChain), claimed for the agent when chain.claim is
-// set; nil dispatches it alone and unlinks it. It returns the run's whole
-// row.
+// set; nil dispatches it alone and unlinks it. It returns the run: the
+// whole row when it was claimed (it goes back to the agent with the report
+// before it, as a work item), else the columns of dispatchColumns; a run it
+// did not dispatch (skipped, ended, blocked) comes back whole.
 func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBusy bool) (*TaskRun, error) {
 	// The node locked, and in the same round trip what settling the
 	// run's inputs needs (inputsColumns) and its noderole.
@@ -133,6 +135,10 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 	if chain != nil {
 		claim = chain.claim.Seconds()
 	}
+	returning := dispatchColumns
+	if claim > 0 {
+		returning = "*" // the work item is built from it
+	}
 	var runs []TaskRun
 	if err := tx.Raw(`
 UPDATE task_runs
@@ -143,7 +149,7 @@ SET state = @running, attempt = attempt + 1, task_token = @token, acked_at = NUL
     inputs_hash = CASE WHEN @hash <> '' THEN @hash ELSE inputs_hash END,
     chain_head = CASE WHEN @chained THEN chain_head END, chain_next = CASE WHEN @chained THEN chain_next END
 WHERE id = @id AND state IN @dispatchable
-RETURNING *, CASE WHEN @claim > 0 THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
+RETURNING `+returning+`, CASE WHEN @claim > 0 THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
 		map[string]any{"running": contract.RunRunning, "token": token, "claim": claim, "hash": hash, "chained": chain != nil,
 			"id": runID, "dispatchable": dispatchable, "channel": WorkChannel, "wake": WakeWork}).Scan(&runs).Error; err != nil {
 		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
@@ -161,6 +167,12 @@ RETURNING *, CASE WHEN @claim > 0 THEN true ELSE pg_notify(@channel, @wake || ':
 	}
 	return &run, nil
 }
+
+// dispatchColumns are the columns of a run dispatch returns when the run
+// waits for its agent's poll: what the activity that dispatched it logs
+// and goes on with. Its spec and attributes are JSON to decode, and the
+// poll reads them anyway.
+const dispatchColumns = "id, transaction_id, node_id, node_name, task_name, state, attempt, exit_code, task_token, chain_head, chain_next"
 
 // chainLink dispatches a run as one of the chain headed by head (linked
 // by DispatchChain), claimed for the agent for claim when it is set: the
