@@ -21,7 +21,7 @@ import (
 // the task runs.
 //
 // The inputs are everything the task sees:
-//   - its definition and its node (InputsBase);
+//   - its definition and its node (InputsBaseJSON);
 //   - the merged data of its node, sent as $ANNEAL_ATTRS (NodeInputs);
 //   - the outputs of the runs it depends on, directly or not, as
 //     ANNEAL_OUT_* and ANNEAL_CONTEXT show them (UpstreamOutputs). Outputs
@@ -39,26 +39,13 @@ import (
 // outputs). The hash stored on a run is therefore always the one of what
 // it saw, and the next plan compares against that.
 
-// InputsBase digests the part of a run's inputs known at plan time: its
-// task's definition, its node and the merged data it is sent.
-func InputsBase(definition any, node string, data map[string]any) (string, error) {
-	raw, err := json.Marshal(struct {
-		Task any            `json:"task"`
-		Node string         `json:"node"`
-		Data map[string]any `json:"data"`
-	}{definition, node, data})
-	if err != nil {
-		return "", fmt.Errorf("encode the inputs of %s on %s: %w", definition, node, err)
-	}
-	sum := sha256.Sum256(raw)
-	return hex.EncodeToString(sum[:]), nil
-}
-
-// InputsBaseJSON is InputsBase over the JSON encodings (json.Marshal's) of
-// the definition and of the data: planning encodes each task and each
-// node's data once, not once per run. It writes the very bytes InputsBase
-// encodes, so the hashes agree with those of runs already stored (LCM
-// compares them).
+// InputsBaseJSON digests the part of a run's inputs known at plan time: its
+// task's definition and its merged data, as their JSON encodings
+// (json.Marshal's), and its node. Planning encodes each task and each
+// node's data once, not once per run. The bytes hashed are those of
+// {"task":…,"node":…,"data":…}, as the first version encoded them, so the
+// hashes agree with those of runs already stored (LCM compares them; see
+// the test's inputsBase).
 func InputsBaseJSON(definition []byte, node string, data []byte) string {
 	name, _ := json.Marshal(node) // a string: cannot fail
 	h := sha256.New()

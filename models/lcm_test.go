@@ -1,14 +1,17 @@
 package models
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// InputsBaseJSON must hash the very bytes InputsBase does: the hashes of
+// InputsBaseJSON must hash the very bytes inputsBase did: the hashes of
 // runs already stored are what LCM compares new ones with.
 func TestInputsBaseJSONAgreesWithInputsBase(t *testing.T) {
 	type task struct {
@@ -38,10 +41,27 @@ func TestInputsBaseJSONAgreesWithInputsBase(t *testing.T) {
 			rawData, err := json.Marshal(d)
 			require.NoError(t, err)
 			for _, node := range []string{"n1.anneal.test", "we<ird>&\"node"} {
-				want, err := InputsBase(def, node, d)
+				want, err := inputsBase(def, node, d)
 				require.NoError(t, err)
 				assert.Equal(t, want, InputsBaseJSON(rawDef, node, rawData), "definition %d, data %d, node %q", i, j, node)
 			}
 		}
 	}
+}
+
+// inputsBase is the first way the part of a run's inputs known at plan
+// time was digested (its task's definition, its node and its merged data,
+// encoded together): the hashes of runs stored then are what LCM compares
+// new ones with, so InputsBaseJSON must agree with it.
+func inputsBase(definition any, node string, data map[string]any) (string, error) {
+	raw, err := json.Marshal(struct {
+		Task any            `json:"task"`
+		Node string         `json:"node"`
+		Data map[string]any `json:"data"`
+	}{definition, node, data})
+	if err != nil {
+		return "", fmt.Errorf("encode the inputs of %s on %s: %w", definition, node, err)
+	}
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:]), nil
 }

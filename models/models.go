@@ -156,7 +156,7 @@ type TaskRun struct {
 	// InputsHash digests everything the run saw (see InputsHash); final
 	// once the run is dispatched or skipped.
 	InputsHash string `json:"inputs_hash"`
-	// InputsBase is the part of it known at plan time (see InputsBase);
+	// InputsBase is the part of it known at plan time (see InputsBaseJSON);
 	// empty on a noderole's run.
 	InputsBase string `json:"-"`
 	// LCM says the run may be skipped when its inputs are those of the
