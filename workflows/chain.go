@@ -51,21 +51,8 @@ func (n *nodeState) chainFrom(ctx workflow.Context, first *contract.NodeRun) []*
 	}
 	chain := []*contract.NodeRun{first}
 	in := map[int64]bool{first.ID: true}
-	ok := func(id int64) bool { return good(n.state[id]) || in[id] }
 	for len(chain) < maxChain {
-		var pick *contract.NodeRun
-		for i := range n.plan.Runs {
-			r := &n.plan.Runs[i]
-			if n.state[r.ID] != contract.RunPending || in[r.ID] {
-				continue
-			}
-			localOK := !slices.ContainsFunc(r.Parents, func(p int64) bool { return !ok(p) })
-			remoteOK := !slices.ContainsFunc(r.Remote, func(p int64) bool { return !good(n.remote[p]) })
-			if localOK && remoteOK {
-				pick = r
-				break
-			}
-		}
+		pick, _ := n.nextAssuming(in)
 		if pick == nil || !agentRun(pick) {
 			break
 		}

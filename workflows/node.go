@@ -205,13 +205,19 @@ func (n *nodeState) blockDescendants() []int64 {
 // next returns the first pending run whose parents all succeeded, and
 // whether some pending run still waits on another node.
 func (n *nodeState) next() (*contract.NodeRun, bool) {
+	return n.nextAssuming(nil)
+}
+
+// nextAssuming is next with the runs of done taken as succeeded already
+// (a chain being built picks what would follow them) and not picked again.
+func (n *nodeState) nextAssuming(done map[int64]bool) (*contract.NodeRun, bool) {
 	waiting := false
 	for i := range n.plan.Runs {
 		r := &n.plan.Runs[i]
-		if n.state[r.ID] != contract.RunPending {
+		if n.state[r.ID] != contract.RunPending || done[r.ID] {
 			continue
 		}
-		localOK := !slices.ContainsFunc(r.Parents, func(p int64) bool { return !good(n.state[p]) })
+		localOK := !slices.ContainsFunc(r.Parents, func(p int64) bool { return !good(n.state[p]) && !done[p] })
 		remoteOK := !slices.ContainsFunc(r.Remote, func(p int64) bool { return !good(n.remote[p]) })
 		if localOK && remoteOK {
 			return r, false
