@@ -30,8 +30,8 @@ const maxChain = 64
 // timeouts: the report of one, the dispatch and delivery of the next.
 const chainGap = 5 * time.Second
 
-// retryPause is how long a failed run of a chain waits before its retry,
-// as RunTaskOnNode's retry policy would.
+// retryPause is how long a failed run waits before its retry: a run of a
+// chain in the workflow, a run alone in RunTaskOnNode's retry policy.
 const retryPause = 2 * time.Second
 
 // agentRun says whether a run goes to its node's agent (RunTaskOnNode), the
@@ -221,8 +221,7 @@ func (n *nodeState) endLostChain(ctx workflow.Context, chain []*contract.NodeRun
 			continue
 		}
 		n.state[r.ID] = contract.RunFailed
-		reason := fmt.Sprintf("the run never reached the agent of %s after %d deliveries, each ending in %s (is the agent running?)",
-			n.in.NodeName, n.redelivered[r.ID]+1, rootMessage(err))
+		reason := undelivered(n.in.NodeName, n.redelivered[r.ID]+1, err)
 		if ferr := n.recordFailure(ctx, contract.RunFailure{RunID: r.ID, Reason: reason}); ferr != nil {
 			return ferr
 		}

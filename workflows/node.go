@@ -263,7 +263,7 @@ func (n *nodeState) execute(ctx workflow.Context, r *contract.NodeRun) error {
 		WaitForCancellation: true,
 		Summary:             fmt.Sprintf("%s on %s", r.Task, n.in.NodeName),
 		RetryPolicy: &temporal.RetryPolicy{
-			InitialInterval:    2 * time.Second,
+			InitialInterval:    retryPause,
 			BackoffCoefficient: 2,
 			MaximumAttempts:    int32(1 + r.Retries),
 		},

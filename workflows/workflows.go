@@ -44,6 +44,13 @@ func sshJig(ctx workflow.Context, overSSH bool) bool {
 // fails the run, saying so, instead of holding the transaction for ever.
 const maxRedeliveries = 5
 
+// undelivered says why a run failed that never reached its node's agent
+// after deliveries attempts, the last ending in err.
+func undelivered(node string, deliveries int, err error) string {
+	return fmt.Sprintf("the run never reached the agent of %s after %d deliveries, each ending in %s (is the agent running?)",
+		node, deliveries, rootMessage(err))
+}
+
 // runOnNode executes a jig activity, again after a pause for as long as it
 // answers that the node is busy (nothing was dispatched then), so that the
 // wait counts against neither the run's time limit nor its retries; and
@@ -70,9 +77,8 @@ func runOnNode(ctx, actx workflow.Context, jig string, input contract.RunTaskInp
 				return err // the agent had it: the timeout is the run's failure
 			}
 			if redelivered >= maxRedeliveries {
-				return temporal.NewNonRetryableApplicationError(fmt.Sprintf(
-					"the run never reached the agent of %s after %d deliveries, each ending in %s (is the agent running?)",
-					input.Node, redelivered+1, rootMessage(err)), contract.ErrTypeUndelivered, nil)
+				return temporal.NewNonRetryableApplicationError(undelivered(input.Node, redelivered+1, err),
+					contract.ErrTypeUndelivered, nil)
 			}
 			redelivered++
 			workflow.GetLogger(ctx).Warn("run never reached its agent; delivering it again",
