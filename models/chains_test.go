@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/storetest"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
@@ -30,6 +31,11 @@ func TestChainsInTheStore(t *testing.T) {
 	assert.Equal(t, contract.RunRunning, first.State)
 	require.NotNil(t, first.ChainNext)
 	assert.Equal(t, db.ID, *first.ChainNext)
+	var last models.TaskRun
+	require.NoError(t, f.Store.DB.Take(&last, db.ID).Error)
+	require.NotNil(t, last.ChainHead)
+	assert.Equal(t, setup.ID, *last.ChainHead, "linked to its chain")
+	assert.Nil(t, last.ChainNext, "the last run of the chain")
 
 	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
 	require.NoError(t, err)

@@ -200,15 +200,10 @@ func (s *Store) DispatchChain(ctx context.Context, runIDs []int64, token []byte)
 	}
 	var out *TaskRun
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		ids, nexts := make([]*int64, len(runIDs)), make([]*int64, len(runIDs))
-		for i := range runIDs {
-			ids[i] = &runIDs[i]
-			if i+1 < len(runIDs) {
-				nexts[i] = &runIDs[i+1]
-			}
-		}
+		// Each run's next is the one after it in the list (none for the last).
 		if err := tx.Exec(`UPDATE task_runs t SET chain_head = ?, chain_next = c.next
-FROM unnest(?::bigint[], ?::bigint[]) AS c(id, next) WHERE t.id = c.id`, runIDs[0], int64Array(ids), int64Array(nexts)).Error; err != nil {
+FROM (SELECT id, lead(id) OVER (ORDER BY o) AS next FROM unnest(?::bigint[]) WITH ORDINALITY AS u(id, o)) c
+WHERE t.id = c.id`, runIDs[0], int64Array(runIDs)).Error; err != nil {
 			return fmt.Errorf("link the chain of run %d: %w", runIDs[0], err)
 		}
 		var err error
@@ -293,20 +288,16 @@ func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Dura
 	return next, handBack, nil
 }
 
-// int64Array writes ids as a Postgres bigint[] literal, nil as NULL: a
-// whole list of ids in one statement parameter (unnest(?::bigint[])).
-func int64Array(ids []*int64) string {
+// int64Array writes ids as a Postgres bigint[] literal: a whole list of
+// ids in one statement parameter (unnest(?::bigint[])).
+func int64Array(ids []int64) string {
 	b := make([]byte, 0, len(ids)*8+2)
 	b = append(b, '{')
 	for i, id := range ids {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		if id == nil {
-			b = append(b, "NULL"...)
-			continue
-		}
-		b = strconv.AppendInt(b, *id, 10)
+		b = strconv.AppendInt(b, id, 10)
 	}
 	return string(append(b, '}'))
 }
