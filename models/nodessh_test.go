@@ -13,7 +13,6 @@ import (
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/models/storetest"
 )
 
@@ -37,13 +36,7 @@ func loadNodeKeyRow(t *testing.T, s *storetest.Stores, nodeID int64) nodeKeyRow 
 // read, then sealed at start-up and by a rotation, which also re-seals the
 // keys of an old key. A server without a key refuses a key naming it.
 func TestNodeSSHKeySealedAtRest(t *testing.T) {
-	s, ctx := storetest.New(t)
-	oldKey, newKey := secrets.GenerateKey(), secrets.GenerateKey()
-	var err error
-	s.Keys, err = secrets.ParseKeys(oldKey)
-	require.NoError(t, err)
-	_, err = s.CreateDeployment(ctx, models.DeploymentInput{Name: "prod"})
-	require.NoError(t, err)
+	s, ctx, oldKey, newKey := sealingStore(t)
 	var nodes []*models.Node
 	for _, name := range []string{"sealed", "legacy", "nokey"} {
 		n, _, err := s.CreateNode(ctx, models.NodeInput{Name: name + ".anneal.test", Deployment: "prod"}, true)

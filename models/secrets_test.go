@@ -33,14 +33,22 @@ func rotate(t *testing.T, s *storetest.Stores, newKey, oldKey string) models.Rot
 	return rot
 }
 
-func TestSecretsSealListOpenRotate(t *testing.T) {
-	s, ctx := storetest.New(t)
-	oldKey, newKey := secrets.GenerateKey(), secrets.GenerateKey()
+// sealingStore is a store whose keyring holds oldKey alone (newKey is for
+// a rotation: see rotate), with a deployment "prod".
+func sealingStore(t *testing.T) (s *storetest.Stores, ctx context.Context, oldKey, newKey string) {
+	t.Helper()
+	s, ctx = storetest.New(t)
+	oldKey, newKey = secrets.GenerateKey(), secrets.GenerateKey()
 	var err error
 	s.Keys, err = secrets.ParseKeys(oldKey)
 	require.NoError(t, err)
 	_, err = s.CreateDeployment(ctx, models.DeploymentInput{Name: "prod"})
 	require.NoError(t, err)
+	return s, ctx, oldKey, newKey
+}
+
+func TestSecretsSealListOpenRotate(t *testing.T) {
+	s, ctx, oldKey, newKey := sealingStore(t)
 	node, _, err := s.CreateNode(ctx, models.NodeInput{Name: "n1.anneal.test", Deployment: "prod"}, true)
 	require.NoError(t, err)
 
