@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
@@ -586,10 +587,15 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 	}
 	db := s.DB.WithContext(ctx)
 	// The agent redacts the secrets it was sent; the server redacts every
-	// secret of the node's deployment again, whatever the agent did.
-	red, err := s.NodeRedactor(db, nodeID)
-	if err != nil {
-		return nil, err
+	// secret of the node's deployment again, whatever the agent did. A
+	// report with no text in it (most succeeded runs) has nothing to
+	// redact, and spares the secrets' round trip.
+	red := secrets.NewRedactor()
+	if hasText(res) {
+		var err error
+		if red, err = s.NodeRedactor(db, nodeID); err != nil {
+			return nil, err
+		}
 	}
 	// Postgres text cannot hold NUL bytes, which command output may.
 	outputs := make(map[string]string, len(res.Outputs))
@@ -620,7 +626,7 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		return &RecordedResult{Run: &run, Changed: true}, nil
 	}
 	var cur TaskRun
-	err = db.Take(&cur, runID).Error
+	err := db.Take(&cur, runID).Error
 	switch {
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		return nil, NotFound("run", runID)
@@ -639,6 +645,12 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 	default:
 		return nil, &ConflictError{Reason: fmt.Sprintf("run %d is %s, not running", runID, cur.State)}
 	}
+}
+
+// hasText says whether a report holds text a secret could hide in: its
+// outputs, output tails, error or attributes.
+func hasText(res protocol.RunResult) bool {
+	return len(res.Outputs) > 0 || res.StdoutTail != "" || res.StderrTail != "" || res.Error != "" || len(res.Attrs) > 0
 }
 
 // FailRun marks a run failed with reason (a timeout, a lost agent, a result

@@ -12,6 +12,7 @@ import (
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/models/secrets"
 	"github.com/anneal-dev/anneal/models/storetest"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
@@ -502,3 +503,44 @@ func TestPlanGraphAgainReopensUnfinishedRuns(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestRecordRunResultRedacts: the server redacts every secret of the
+// node's deployment from a report, whatever the agent did; a report with
+// no text in it is recorded without the secrets being read.
+func TestRecordRunResultRedacts(t *testing.T) {
+	f := storetest.NewFixture(t)
+	var err error
+	f.Store.Keys, err = secrets.ParseKeys(secrets.GenerateKey())
+	require.NoError(t, err)
+	_, _, err = f.Store.SetSecret(f.Ctx, f.Dep.Name, "db-password", "hunter22-prod")
+	require.NoError(t, err)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, nil)
+	require.NoError(t, err)
+	leaky := protocol.RunResult{Attempt: 1, ExitCode: 1, StdoutTail: "pw hunter22-prod", StderrTail: "err hunter22-prod",
+		Error: "failed with hunter22-prod", Outputs: map[string]string{"pw": "hunter22-prod"}, Attrs: []byte(`{"pw": "hunter22-prod"}`)}
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, leaky)
+	require.NoError(t, err)
+	got, err := f.Store.AgentRun(f.Ctx, f.Ctl.ID, setup.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "pw ***", got.StdoutTail)
+	assert.Equal(t, "err ***", got.StderrTail)
+	assert.Equal(t, "failed with ***", got.Error)
+	assert.Equal(t, map[string]string{"pw": "***"}, got.Outputs)
+	assert.Equal(t, map[string]any{"pw": "***"}, got.AttrsOut)
+
+	// Without text, the secrets are not read: a keyring that cannot open
+	// them would fail the report if they were.
+	f.Store.Keys, err = secrets.ParseKeys(secrets.GenerateKey())
+	require.NoError(t, err)
+	_, err = f.Store.DispatchRun(f.Ctx, db.ID, nil)
+	require.NoError(t, err)
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 1})
+	require.NoError(t, err)
+	assert.Equal(t, contract.RunSucceeded, rec.Run.State)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 1, StdoutTail: "x"})
+	assert.Error(t, err, "with text, the secrets are read (and cannot be opened with the wrong key)")
+}
