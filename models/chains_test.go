@@ -37,7 +37,8 @@ func TestChainsInTheStore(t *testing.T) {
 	assert.Equal(t, setup.ID, *last.ChainHead, "linked to its chain")
 	assert.Nil(t, last.ChainNext, "the last run of the chain")
 
-	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID,
+		protocol.RunResult{Attempt: first.Attempt, Outputs: map[string]string{"url": "http://db"}})
 	require.NoError(t, err)
 	next, handBack, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
 	require.NoError(t, err)
@@ -46,6 +47,17 @@ func TestChainsInTheStore(t *testing.T) {
 	assert.Equal(t, db.ID, next.ID)
 	assert.Equal(t, 1, next.Attempt)
 	assert.Equal(t, "echo db", next.Spec.Cmd, "the whole row, for the work item")
+	// What its work item shows was read with its dispatch, as a poll
+	// reads it; its inputs hash covers the outputs of the run before it.
+	seen, err := f.Store.RunContextWith(f.Ctx, next, false)
+	require.NoError(t, err)
+	require.NotNil(t, next.Context)
+	assert.Equal(t, seen.Outputs, next.Context.Outputs)
+	assert.Equal(t, []models.RunOutputs{{TaskName: "setup", NodeName: storetest.CtlName, Outputs: map[string]string{"url": "http://db"}}}, next.Context.Outputs)
+	upstream, err := models.UpstreamOutputs(f.Store.DB, next)
+	require.NoError(t, err)
+	assert.Equal(t, models.InputsHash(next.InputsBase, upstream), next.InputsHash)
+	assert.NotEqual(t, models.InputsHash(next.InputsBase, nil), next.InputsHash, "the outputs count")
 	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Empty(t, offered, "not offered to a poll while its claim lasts")

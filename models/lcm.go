@@ -256,6 +256,54 @@ WHERE r.transaction_id = ? AND r.state IN ('succeeded', 'skipped') AND r.outputs
 	return out, nil
 }
 
+// seenOutputs are the outputs a run sees when it starts (all: its
+// ancestors', the earlier graphs', and its own node's earlier runs of its
+// graph, as ANNEAL_CONTEXT shows them) and, among them, those of the runs
+// it depends on (upstream: what UpstreamOutputs reads, which its inputs
+// hash covers). One query gives both when a run's dispatch also builds its
+// work item (a chain's next run, handed back with its predecessor's
+// report).
+type seenOutputs struct {
+	all, upstream []RunOutputs
+}
+
+// loadSeenOutputs reads a run's seenOutputs. The predicate on state and
+// outputs is written with literals so that the partial index
+// task_runs_tx_outputs_idx serves it, also from a cached generic plan: a
+// transaction of 20,000 runs has few with outputs, and the walk up the
+// run's ancestors is made only when there are some.
+func loadSeenOutputs(tx *gorm.DB, run *TaskRun) (*seenOutputs, error) {
+	var rows []struct {
+		TaskName string
+		NodeName string
+		Outputs  map[string]string `gorm:"serializer:json"`
+		Upstream bool
+	}
+	err := tx.Raw(`
+WITH RECURSIVE ancestors(id) AS (
+  SELECT parent_id FROM run_edges WHERE child_id = ?
+  UNION
+  SELECT e.parent_id FROM run_edges e JOIN ancestors a ON e.child_id = a.id
+)
+SELECT task_name, node_name, outputs, id IN (SELECT id FROM ancestors) AS upstream
+FROM task_runs WHERE transaction_id = ? AND state IN ('succeeded', 'skipped') AND outputs <> '{}'::jsonb
+  AND (id IN (SELECT id FROM ancestors) OR graph_index < ? OR (node_id = ? AND graph_index = ? AND position < ?))
+ORDER BY finished_at, id`,
+		run.ID, run.TransactionID, run.GraphIndex, run.NodeID, run.GraphIndex, run.Position).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("load the outputs seen by run %d: %w", run.ID, err)
+	}
+	out := &seenOutputs{all: make([]RunOutputs, 0, len(rows))}
+	for _, r := range rows {
+		o := RunOutputs{TaskName: r.TaskName, NodeName: r.NodeName, Outputs: r.Outputs}
+		out.all = append(out.all, o)
+		if r.Upstream {
+			out.upstream = append(out.upstream, o)
+		}
+	}
+	return out, nil
+}
+
 // settleInputs runs inside DispatchRun, when every run that run depends on
 // has ended: it stores the run's final inputs hash, over the outputs it is
 // about to see, and, when LCM applies and the last finished run of its task
@@ -268,13 +316,6 @@ func settleInputs(tx *gorm.DB, runID int64) (*TaskRun, error) {
 		return skipped, err
 	}
 	return nil, writeInputsHash(tx, runID, hash)
-}
-
-// settleInputsHash is settleInputs that leaves the writing of the inputs
-// hash to the caller ("" when there is none to write): DispatchRun sets it
-// in the statement that dispatches the run, one round trip fewer.
-func settleInputsHash(tx *gorm.DB, run TaskRun) (*TaskRun, string, error) {
-	return finalInputsOf(tx, run, true)
 }
 
 // writeInputsHash stores a run's final inputs hash (nothing when "").
@@ -308,22 +349,28 @@ func finalInputs(tx *gorm.DB, runID int64, maySkip bool) (*TaskRun, string, erro
 	if err != nil {
 		return nil, "", fmt.Errorf("load run %d: %w", runID, err)
 	}
-	return finalInputsOf(tx, run, maySkip)
+	return finalInputsOf(tx, run, maySkip, nil)
 }
 
 // inputsColumns are the columns of a run finalInputsOf reads.
 var inputsColumns = []string{"id", "transaction_id", "node_id", "node_name", "task_name", "graph_type", "state", "inputs_base", "lcm"}
 
 // finalInputsOf is finalInputs of a run whose inputsColumns are loaded
-// already (dispatch reads them with the lock of the run's node).
-func finalInputsOf(tx *gorm.DB, run TaskRun, maySkip bool) (*TaskRun, string, error) {
+// already (dispatch reads them with the lock of the run's node), with the
+// outputs it sees when they are loaded already too (nil: loaded here).
+func finalInputsOf(tx *gorm.DB, run TaskRun, maySkip bool, seen *seenOutputs) (*TaskRun, string, error) {
 	runID := run.ID
 	if run.InputsBase == "" {
 		return nil, "", nil // a noderole's run, or one planned before LCM knew inputs
 	}
-	up, err := UpstreamOutputs(tx, &run)
-	if err != nil {
-		return nil, "", err
+	var up []RunOutputs
+	if seen != nil {
+		up = seen.upstream
+	} else {
+		var err error
+		if up, err = UpstreamOutputs(tx, &run); err != nil {
+			return nil, "", err
+		}
 	}
 	hash := InputsHash(run.InputsBase, up)
 	if maySkip && run.LCM && run.State == contract.RunPending {

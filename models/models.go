@@ -176,6 +176,10 @@ type TaskRun struct {
 	ChainNext *int64    `json:"-"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Context is what the run sees (its peers aside), set by a dispatch
+	// that claimed it for its agent: its work item is built right after,
+	// from the same reading. Not a column.
+	Context *RunContext `json:"-" gorm:"-"`
 }
 
 // RunEdge orders two runs: the parent must succeed before the child starts.

@@ -75,7 +75,7 @@ func (s *Store) DispatchRun(ctx context.Context, runID int64, token []byte) (*Ta
 	var out *TaskRun
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		out, err = dispatch(tx, runID, token, nil, true)
+		out, err = dispatch(tx, runID, token, nil, true, nil)
 		return err
 	})
 	if err != nil {
@@ -93,24 +93,36 @@ var dispatchable = []string{contract.RunPending, contract.RunRunning, contract.R
 // checkBusy (a chain's later runs follow their predecessor on a node the
 // chain holds), and dispatches it. chain dispatches it as a run of a chain
 // (linked by DispatchChain), claimed for the agent when chain.claim is
-// set; nil dispatches it alone and unlinks it. It returns the run: the
-// whole row when it was claimed (it goes back to the agent with the report
-// before it, as a work item), else the columns of dispatchColumns; a run it
-// did not dispatch (skipped, ended, blocked) comes back whole.
-func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBusy bool) (*TaskRun, error) {
-	// The node locked, and in the same round trip what settling the
-	// run's inputs needs (inputsColumns) and its noderole.
-	var owner []TaskRun
-	if err := tx.Raw(`SELECT t.id, t.transaction_id, t.node_id, t.node_name, t.noderole_id, t.task_name, t.graph_type, t.state,
-			t.inputs_base, t.lcm FROM task_runs t
-			JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF n`, runID).Scan(&owner).Error; err != nil {
-		return nil, fmt.Errorf("lock the node of run %d: %w", runID, err)
+// set; nil dispatches it alone and unlinks it. locked is the run as
+// lockRunAndNode read it, when the caller did already (nil: read here). It
+// returns the run: the whole row, with its Context, when it was claimed
+// (it goes back to the agent with the report before it, as a work item),
+// else the columns of dispatchColumns; a run it did not dispatch
+// (skipped, ended, blocked) comes back whole.
+func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBusy bool, locked *TaskRun) (*TaskRun, error) {
+	if locked == nil {
+		var err error
+		if locked, err = lockRunAndNode(tx, runID, false); err != nil {
+			return nil, err
+		}
+	}
+	var claim float64 // seconds; 0: not claimed, the agents' polls are woken
+	if chain != nil {
+		claim = chain.claim.Seconds()
 	}
 	hash := "" // the final inputs hash, written with the dispatch
-	if len(owner) == 1 && slices.Contains(dispatchable, owner[0].State) {
+	var seen *seenOutputs
+	if locked != nil && slices.Contains(dispatchable, locked.State) {
+		if claim > 0 {
+			// Its work item shows what it sees: read with its inputs.
+			var err error
+			if seen, err = loadSeenOutputs(tx, locked); err != nil {
+				return nil, err
+			}
+		}
 		// Every run it depends on has ended: its inputs are final, and
 		// may show that it has nothing to do (LCM).
-		skipped, h, err := settleInputsHash(tx, owner[0])
+		skipped, h, err := finalInputsOf(tx, *locked, true, seen)
 		hash = h
 		if err != nil {
 			return nil, err
@@ -120,21 +132,17 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 		}
 		if checkBusy {
 			var nr int64
-			if owner[0].NodeRoleID != nil {
-				nr = *owner[0].NodeRoleID
+			if locked.NodeRoleID != nil {
+				nr = *locked.NodeRoleID
 			}
-			busy, err := NodeRunning(tx, owner[0].NodeID, runID, nr)
+			busy, err := NodeRunning(tx, locked.NodeID, runID, nr)
 			if err != nil {
 				return nil, err
 			}
 			if busy != "" {
-				return nil, &NodeBusyError{Node: owner[0].NodeName, Reason: busy}
+				return nil, &NodeBusyError{Node: locked.NodeName, Reason: busy}
 			}
 		}
-	}
-	var claim float64 // seconds; 0: not claimed, the agents' polls are woken
-	if chain != nil {
-		claim = chain.claim.Seconds()
 	}
 	returning := dispatchColumns
 	if claim > 0 {
@@ -156,6 +164,9 @@ RETURNING `+returning+`, CASE WHEN @claim > 0 THEN true ELSE pg_notify(@channel,
 		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
 	}
 	if len(runs) == 1 {
+		if seen != nil {
+			runs[0].Context = &RunContext{Outputs: seen.all, Peers: []string{}}
+		}
 		return &runs[0], nil
 	}
 	var run TaskRun
@@ -167,6 +178,28 @@ RETURNING `+returning+`, CASE WHEN @claim > 0 THEN true ELSE pg_notify(@channel,
 		return nil, fmt.Errorf("load run %d: %w", runID, err)
 	}
 	return &run, nil
+}
+
+// lockRunAndNode locks a run's node (and the run too, when withRun), and
+// reads in the same round trip what dispatching the run needs: its state
+// and chain links, what settling its inputs needs (inputsColumns) and
+// what its work item's context needs. It returns nil for a run without a
+// node (deleted since): dispatch then leaves the decision to its UPDATE.
+func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
+	of := "n"
+	if withRun {
+		of = "t, n"
+	}
+	var rows []TaskRun
+	if err := tx.Raw(`SELECT t.id, t.transaction_id, t.node_id, t.node_name, t.noderole_id, t.task_name, t.graph_type, t.graph_index,
+			t.position, t.state, t.attempt, t.chain_head, t.chain_next, t.inputs_base, t.lcm
+		FROM task_runs t JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF `+of, runID).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("lock the node of run %d: %w", runID, err)
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	return &rows[0], nil
 }
 
 // dispatchColumns are the columns of a run dispatch returns when the run
@@ -208,7 +241,7 @@ WHERE t.id = c.id`, runIDs[0], int64Array(runIDs)).Error; err != nil {
 			return fmt.Errorf("link the chain of run %d: %w", runIDs[0], err)
 		}
 		var err error
-		out, err = dispatchChained(tx, runIDs[0], token, chainLink{head: runIDs[0]}, true)
+		out, err = dispatchChained(tx, runIDs[0], token, chainLink{head: runIDs[0]}, true, nil)
 		return err
 	})
 	if err != nil {
@@ -217,15 +250,17 @@ WHERE t.id = c.id`, runIDs[0], int64Array(runIDs)).Error; err != nil {
 	return out, nil
 }
 
-// dispatchChained dispatches run id of a chain and, while it turns out to
-// have ended well already or to be skipped by LCM, the runs after it; nil
-// when the chain has nothing left to run.
-func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, checkBusy bool) (*TaskRun, error) {
+// dispatchChained dispatches run id of a chain (locked: as lockRunAndNode
+// read it, or nil) and, while it turns out to have ended well already or
+// to be skipped by LCM, the runs after it; nil when the chain has nothing
+// left to run.
+func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, checkBusy bool, locked *TaskRun) (*TaskRun, error) {
 	for {
-		run, err := dispatch(tx, id, token, &chain, checkBusy)
+		run, err := dispatch(tx, id, token, &chain, checkBusy, locked)
 		if err != nil {
 			return nil, err
 		}
+		locked = nil
 		switch {
 		case run.State == contract.RunRunning:
 			return run, nil
@@ -253,24 +288,22 @@ func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Dura
 		// report must not dispatch anything twice.
 		id := *run.ChainNext
 		for {
-			var cur TaskRun
-			// Locked: a cut of the chain (CutChain) waits for this
-			// dispatch, or this sees the cut.
-			if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
-				Select("id", "state", "attempt", "chain_head", "chain_next", "node_name", "task_name", "transaction_id", "node_id").
-				Take(&cur, id).Error; err != nil {
-				return fmt.Errorf("load run %d of the chain of run %d: %w", id, *run.ChainHead, err)
+			// Locked, with its node: a cut of the chain (CutChain) waits
+			// for this dispatch, or this sees the cut; and what the
+			// dispatch reads comes in the same round trip.
+			cur, err := lockRunAndNode(tx, id, true)
+			if err != nil {
+				return err
 			}
-			if cur.ChainHead == nil || *cur.ChainHead != *run.ChainHead {
-				return nil // relinked since: another activity holds it
+			if cur == nil || cur.ChainHead == nil || *cur.ChainHead != *run.ChainHead {
+				return nil // relinked since (another activity holds it), or its node is gone
 			}
 			switch cur.State {
 			case contract.RunRunning:
-				next = &cur // already continued by an earlier report
+				next = cur // already continued by an earlier report
 				return nil
 			case contract.RunPending:
-				var err error
-				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, claim: lease}, false)
+				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, claim: lease}, false, cur)
 				handBack = next != nil
 				return err
 			case contract.RunSucceeded, contract.RunSkipped:
@@ -782,30 +815,12 @@ func (s *Store) RunContext(ctx context.Context, run *TaskRun) (*RunContext, erro
 // RunContextWith loads a run's context, with its peers only when asked: it
 // is read for every run handed to an agent, and the peers (every other
 // node of a deployment) are only for the tasks that use them.
-//
-// The predicate on state and outputs is written with literals so that the
-// partial index task_runs_tx_outputs_idx serves it, also from a cached
-// generic plan: a transaction of 20,000 runs has few with outputs.
 func (s *Store) RunContextWith(ctx context.Context, run *TaskRun, peers bool) (*RunContext, error) {
-	var outputs string
-	err := s.DB.WithContext(ctx).Raw(`
-WITH RECURSIVE ancestors(id) AS (
-  SELECT parent_id FROM run_edges WHERE child_id = ?
-  UNION
-  SELECT e.parent_id FROM run_edges e JOIN ancestors a ON e.child_id = a.id
-)
-SELECT coalesce(json_agg(json_build_object('task_name', task_name, 'node_name', node_name, 'outputs', outputs)
-                         ORDER BY finished_at, id), '[]')
-FROM task_runs WHERE transaction_id = ? AND state IN ('succeeded', 'skipped') AND outputs <> '{}'::jsonb
-  AND (id IN (SELECT id FROM ancestors) OR graph_index < ? OR (node_id = ? AND graph_index = ? AND position < ?))`,
-		run.ID, run.TransactionID, run.GraphIndex, run.NodeID, run.GraphIndex, run.Position).Scan(&outputs).Error
+	seen, err := loadSeenOutputs(s.DB.WithContext(ctx), run)
 	if err != nil {
-		return nil, fmt.Errorf("load the outputs seen by run %d: %w", run.ID, err)
+		return nil, err
 	}
-	out := &RunContext{Peers: []string{}}
-	if err := json.Unmarshal([]byte(outputs), &out.Outputs); err != nil {
-		return nil, fmt.Errorf("decode outputs for run %d: %w", run.ID, err)
-	}
+	out := &RunContext{Outputs: seen.all, Peers: []string{}}
 	if !peers {
 		return out, nil
 	}

@@ -225,9 +225,12 @@ func wantsPeers(r *models.TaskRun) bool {
 // workItem is one claimed run as its agent receives it.
 func (s *Server) workItem(ctx context.Context, r models.TaskRun) (protocol.WorkItem, error) {
 	peers := wantsPeers(&r)
-	rc, err := s.cfg.Store.RunContextWith(ctx, &r, peers)
-	if err != nil {
-		return protocol.WorkItem{}, err
+	rc := r.Context // read by the dispatch that claimed it, if that was just now
+	if rc == nil || peers {
+		var err error
+		if rc, err = s.cfg.Store.RunContextWith(ctx, &r, peers); err != nil {
+			return protocol.WorkItem{}, err
+		}
 	}
 	env := outputEnv(rc.Outputs, r.NodeName)
 	if env == nil {
