@@ -7,16 +7,18 @@ package daemon
 // restarted before it acknowledged). Once it has acknowledged a run, just
 // before the command starts, the agent writes
 // <WorkDir>/records/run-<id>.<attempt>.json marked started (a new file,
-// written and synced), and it stores the result there when the command
-// ends (write, fsync and rename); the directory is synced each time. A run
-// offered again is therefore never executed twice: its stored result is
-// reported again, or, when a previous agent process died while running it,
-// it is reported as failed with that reason. A new attempt (a retry decided
-// by the server) has a new number and a record of its own. Software
-// deployment rounds keep the same kind of record,
-// software-<id>.<round>.json.
+// written and synced, and the directory synced), and it appends the result
+// there as a new line when the command ends (written and synced): the
+// record is the file's last readable line. A run offered again is
+// therefore never executed twice: its stored result is reported again,
+// or, when a previous agent process died while running it, it is reported
+// as failed with that reason. A new attempt (a retry decided by the
+// server) has a new number and a record of its own. Software deployment
+// rounds keep the same kind of record, software-<id>.<round>.json,
+// replaced whole at each phase (a temporary file renamed over it).
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,18 +104,44 @@ func (r *Records) LoadRun(runID int64, attempt int) (*RunRecord, error) {
 	return &rec, nil
 }
 
-// SaveRun stores a run record durably.
+// SaveRun stores a run record durably: appended to the attempt's record
+// file as a new line, written and synced, which saves the temporary file,
+// rename and directory sync a replacement costs. A crash while it is
+// written leaves a torn last line, and the line before it (the run
+// started) stands: the run is reported interrupted, as if the crash had
+// come just before. Without a record file yet, it is CreateRun.
 func (r *Records) SaveRun(rec *RunRecord) error {
+	path := r.RunRecordPath(rec.RunID, rec.Attempt)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return r.CreateRun(rec)
+	}
+	if err != nil {
+		return fmt.Errorf("write record %s: %w", path, err)
+	}
 	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
-	return r.save(r.RunRecordPath(rec.RunID, rec.Attempt), rec)
+	data, err := json.Marshal(rec)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("encode record: %w", err)
+	}
+	// A line of its own even after a record an older agent wrote whole,
+	// without a newline at its end.
+	line := append(append([]byte{'\n'}, data...), '\n')
+	_, werr := f.Write(line)
+	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
+		return fmt.Errorf("write record %s: %w", path, err)
+	}
+	return nil
 }
 
 // CreateRun stores the first record of a run's attempt durably: written in
 // place (a new file, synced, and the directory synced), without the
-// temporary file renamed over the record with which SaveRun replaces one. A crash while it
-// is written leaves a torn record, which reads as unreadable, so the run is
-// reported failed rather than run (see runItem). A record that exists
-// already (one an earlier agent wrote) is replaced as SaveRun does.
+// temporary file renamed over a record that a replacement needs. A crash
+// while it is written leaves a torn record, which reads as unreadable, so
+// the run is reported failed rather than run (see runItem). A record that
+// exists already (one an earlier agent wrote) gets it appended, as
+// SaveRun does.
 func (r *Records) CreateRun(rec *RunRecord) error {
 	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
 	path := r.RunRecordPath(rec.RunID, rec.Attempt)
@@ -126,12 +154,12 @@ func (r *Records) CreateRun(rec *RunRecord) error {
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, fs.ErrExist) {
-		return r.save(path, rec)
+		return r.SaveRun(rec)
 	}
 	if err != nil {
 		return fmt.Errorf("write record %s: %w", path, err)
 	}
-	_, werr := f.Write(data)
+	_, werr := f.Write(append(data, '\n'))
 	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
 		return fmt.Errorf("write record %s: %w", path, err)
 	}
@@ -195,6 +223,9 @@ func (r *Records) Prune(cutoff time.Time) error {
 	return nil
 }
 
+// loadRecord reads a record into v: the file's last line that is a whole
+// JSON value (a file written whole is one line). Only a file without any
+// is unreadable: a torn first record, or an empty file.
 func loadRecord(path string, v any) (bool, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -203,10 +234,18 @@ func loadRecord(path string, v any) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("read record %s: %w", path, err)
 	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return false, fmt.Errorf("record %s is unreadable: %w", path, err)
+	lines := bytes.Split(data, []byte{'\n'})
+	for i := len(lines) - 1; i >= 0; i-- {
+		line := bytes.TrimSpace(lines[i])
+		if len(line) == 0 || !json.Valid(line) {
+			continue // torn by a crash while it was written
+		}
+		if err := json.Unmarshal(line, v); err != nil {
+			return false, fmt.Errorf("record %s is unreadable: %w", path, err)
+		}
+		return true, nil
 	}
-	return true, nil
+	return false, fmt.Errorf("record %s is unreadable: no whole record in its %d bytes", path, len(data))
 }
 
 // save writes v to path so that a crash leaves either the old record or

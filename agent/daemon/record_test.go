@@ -227,6 +227,51 @@ func TestCreateRunRecord(t *testing.T) {
 	assert.Error(t, err, "a torn record is unreadable")
 }
 
+// The result is appended to a run's record: the last whole line is the
+// record, a torn last line (a crash while it was appended) leaves the one
+// before it, and a record an older agent wrote whole (no newline at its
+// end) takes an appended line too.
+func TestRunRecordAppends(t *testing.T) {
+	recs := &daemon.Records{Dir: filepath.Join(t.TempDir(), daemon.RecordsDir)}
+	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 94, Attempt: 1, Phase: daemon.PhaseStarted}))
+	res := protocol.RunResult{Attempt: 1, ExitCode: 3}
+	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 94, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
+	got, err := recs.LoadRun(94, 1)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.PhaseFinished, got.Phase)
+	require.NotNil(t, got.Result)
+	assert.Equal(t, 3, got.Result.ExitCode)
+	entries, err := os.ReadDir(recs.Dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "one file per attempt, nothing renamed")
+
+	// A crash while the result was appended: the run started, and no more.
+	path := recs.RunRecordPath(94, 1)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, data[:len(data)-10], 0o600))
+	got, err = recs.LoadRun(94, 1)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.PhaseStarted, got.Phase)
+	assert.Nil(t, got.Result)
+	unfinished, err := recs.Unfinished()
+	require.NoError(t, err)
+	require.Len(t, unfinished, 1)
+	assert.Equal(t, int64(94), unfinished[0].RunID)
+
+	// An older agent's record, written whole without a newline.
+	require.NoError(t, os.WriteFile(recs.RunRecordPath(95, 1), []byte(`{"run_id": 95, "attempt": 1, "phase": "started"}`), 0o600))
+	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 95, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
+	got, err = recs.LoadRun(95, 1)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.PhaseFinished, got.Phase)
+
+	// Nothing whole at all is unreadable, as an empty file is.
+	require.NoError(t, os.WriteFile(recs.RunRecordPath(96, 1), nil, 0o600))
+	_, err = recs.LoadRun(96, 1)
+	assert.Error(t, err)
+}
+
 // A torn record (a crash while it was first written) is never read as "not
 // run": the run offered again is reported failed, and not executed.
 func TestTornRecordNotRun(t *testing.T) {
