@@ -40,13 +40,15 @@ func TestChainsInTheStore(t *testing.T) {
 	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID,
 		protocol.RunResult{Attempt: first.Attempt, Outputs: map[string]string{"url": "http://db"}})
 	require.NoError(t, err)
-	next, handBack, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
+	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run)
 	require.NoError(t, err)
 	require.NotNil(t, next)
-	assert.True(t, handBack, "claimed for the reporting agent")
+	assert.True(t, fresh, "dispatched for the reporting agent")
 	assert.Equal(t, db.ID, next.ID)
 	assert.Equal(t, 1, next.Attempt)
 	assert.Equal(t, "echo db", next.Spec.Cmd, "the whole row, for the work item")
+	require.NotNil(t, next.AckedAt, "taken by the reporting agent with the answer: no ack of its own")
+	assert.Equal(t, next.ClaimedAt, next.AckedAt)
 	// What its work item shows was read with its dispatch, as a poll
 	// reads it; its inputs hash covers the outputs of the run before it.
 	seen, err := f.Store.RunContextWith(f.Ctx, next, false)
@@ -60,25 +62,37 @@ func TestChainsInTheStore(t *testing.T) {
 	assert.NotEqual(t, models.InputsHash(next.InputsBase, nil), next.InputsHash, "the outputs count")
 	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
 	require.NoError(t, err)
-	assert.Empty(t, offered, "not offered to a poll while its claim lasts")
-	again, handBack, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
+	assert.Empty(t, offered, "taken: never offered to a poll")
+
+	// The report sent again (its answer lost): the same run goes back
+	// again, whole, and is no longer the dispatch's to take back.
+	again, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run)
 	require.NoError(t, err)
 	require.NotNil(t, again)
-	assert.False(t, handBack)
+	assert.False(t, fresh)
 	assert.Equal(t, 1, again.Attempt, "a repeated report dispatches nothing again")
+	assert.Equal(t, "echo db", again.Spec.Cmd)
+	assert.NotNil(t, again.AckedAt)
+	taken, err := f.Store.TakeBackDispatch(f.Ctx, db.ID, 1)
+	require.NoError(t, err)
+	assert.False(t, taken, "handed back again: an agent may have it")
 	cur := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
 	assert.Equal(t, []byte("token-1"), cur.TaskToken, "the chain's activity")
 	states, err := f.Store.ChainStates(f.Ctx, setup.ID)
 	require.NoError(t, err)
 	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunRunning}, states)
 
-	// The activity is lost before an agent took db: it is taken back.
+	// The activity is lost with db handed to the agent: db fails with the
+	// reason, and its report, should it still come, is refused.
 	end, err := f.Store.EndLostChain(f.Ctx, setup.ID, "no result from the node's agent: timeout")
 	require.NoError(t, err)
-	assert.Equal(t, []int64{db.ID}, end.TakenBack)
-	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunPending}, end.States)
+	assert.Empty(t, end.TakenBack)
+	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunFailed}, end.States)
 	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 1})
 	storetest.RequireConflict(t, err)
+	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
+	assert.Equal(t, contract.RunFailed, got.State)
+	assert.Equal(t, "no result from the node's agent: timeout", got.Error)
 
 	// Handed out again: the run that succeeded is passed over.
 	second, err := f.Store.DispatchChain(f.Ctx, chain, []byte("token-2"))
@@ -87,19 +101,38 @@ func TestChainsInTheStore(t *testing.T) {
 	assert.Equal(t, 2, second.Attempt)
 	assert.Equal(t, 1, f.RunsByLabel(t, txn)["setup@"+storetest.CtlName].Attempt, "setup is not run again")
 
-	// Lost again, this time after the agent took db: db fails with the
-	// reason, and its report, should it still come, is refused.
-	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, db.ID, 2)
-	require.NoError(t, err)
+	// Lost again, this time before an agent took db: it is taken back.
 	end, err = f.Store.EndLostChain(f.Ctx, setup.ID, "no result from the node's agent: timeout")
 	require.NoError(t, err)
-	assert.Empty(t, end.TakenBack)
-	assert.Equal(t, contract.RunFailed, end.States[db.ID])
+	assert.Equal(t, []int64{db.ID}, end.TakenBack)
+	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunPending}, end.States)
 	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: 2})
 	storetest.RequireConflict(t, err)
+}
+
+// A chain's next run dispatched for the answer to its predecessor's
+// report is taken back when its activity turns out cancelled before that
+// answer goes out (continueChain), although its hand-back acknowledged it.
+func TestHandBackTakenBack(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
+	require.NoError(t, err)
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	require.NoError(t, err)
+	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run)
+	require.NoError(t, err)
+	require.True(t, fresh)
+	taken, err := f.Store.TakeBackDispatch(f.Ctx, next.ID, next.Attempt)
+	require.NoError(t, err)
+	assert.True(t, taken)
 	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
-	assert.Equal(t, contract.RunFailed, got.State)
-	assert.Equal(t, "no result from the node's agent: timeout", got.Error)
+	assert.Equal(t, contract.RunPending, got.State)
+	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, db.ID, next.Attempt)
+	require.NoError(t, err)
+	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State, "an ack does not bring it back")
 }
 
 // A stop cuts a chain: the API then hands out none of its runs not yet
@@ -114,7 +147,7 @@ func TestChainCutAndTakeBack(t *testing.T) {
 	require.NoError(t, f.Store.CutChain(f.Ctx, setup.ID))
 	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
 	require.NoError(t, err)
-	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
+	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run)
 	require.NoError(t, err)
 	assert.Nil(t, next, "the chain was cut: nothing more is handed out")
 	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)

@@ -132,27 +132,30 @@ type RunSpec struct {
 // TaskRun is one (graph, node, task) of a transaction, or one run of a
 // noderole.
 type TaskRun struct {
-	ID            int64             `json:"id"`
-	TransactionID uuid.UUID         `json:"transaction_id,omitzero"` // zero on a noderole run
-	GraphIndex    int               `json:"graph_index"`
-	GraphType     string            `json:"graph_type"`
-	NodeID        int64             `json:"node_id,omitzero"` // zero once the node was deleted
-	NodeName      string            `json:"node_name"`
-	TaskName      string            `json:"task_name"`
-	TaskType      string            `json:"task_type"`
-	Position      int               `json:"position"`
-	Spec          RunSpec           `json:"spec" gorm:"serializer:json"`
-	State         string            `json:"state"`
-	Attempt       int               `json:"attempt"`
-	TaskToken     []byte            `json:"-"`
-	ClaimedAt     *time.Time        `json:"claimed_at"`
-	StartedAt     *time.Time        `json:"started_at"`
-	FinishedAt    *time.Time        `json:"finished_at"`
-	ExitCode      *int              `json:"exit_code"`
-	StdoutTail    string            `json:"stdout_tail"`
-	StderrTail    string            `json:"stderr_tail"`
-	Outputs       map[string]string `json:"outputs" gorm:"serializer:json"`
-	Error         string            `json:"error"`
+	ID            int64      `json:"id"`
+	TransactionID uuid.UUID  `json:"transaction_id,omitzero"` // zero on a noderole run
+	GraphIndex    int        `json:"graph_index"`
+	GraphType     string     `json:"graph_type"`
+	NodeID        int64      `json:"node_id,omitzero"` // zero once the node was deleted
+	NodeName      string     `json:"node_name"`
+	TaskName      string     `json:"task_name"`
+	TaskType      string     `json:"task_type"`
+	Position      int        `json:"position"`
+	Spec          RunSpec    `json:"spec" gorm:"serializer:json"`
+	State         string     `json:"state"`
+	Attempt       int        `json:"attempt"`
+	TaskToken     []byte     `json:"-"`
+	ClaimedAt     *time.Time `json:"claimed_at"`
+	// AckedAt is when the node's agent took delivery of the run (its ack,
+	// or the hand-back of a chain's run: see chainLink).
+	AckedAt    *time.Time        `json:"-"`
+	StartedAt  *time.Time        `json:"started_at"`
+	FinishedAt *time.Time        `json:"finished_at"`
+	ExitCode   *int              `json:"exit_code"`
+	StdoutTail string            `json:"stdout_tail"`
+	StderrTail string            `json:"stderr_tail"`
+	Outputs    map[string]string `json:"outputs" gorm:"serializer:json"`
+	Error      string            `json:"error"`
 	// InputsHash digests everything the run saw (see InputsHash); final
 	// once the run is dispatched or skipped.
 	InputsHash string `json:"inputs_hash"`

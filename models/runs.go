@@ -92,12 +92,13 @@ var dispatchable = []string{contract.RunPending, contract.RunRunning, contract.R
 // run's inputs (LCM may skip it), checks that the node is free when
 // checkBusy (a chain's later runs follow their predecessor on a node the
 // chain holds), and dispatches it. chain dispatches it as a run of a chain
-// (linked by DispatchChain), claimed for the agent when chain.claim is
-// set; nil dispatches it alone and unlinks it. locked is the run as
-// lockRunAndNode read it, when the caller did already (nil: read here). It
-// returns the run: the whole row, with its Context, when it was claimed
-// (it goes back to the agent with the report before it, as a work item),
-// else the columns of dispatchColumns; a run it did not dispatch
+// (linked by DispatchChain), handed to the reporting agent when
+// chain.handBack is set; nil dispatches it alone and unlinks it. locked is
+// the run as lockRunAndNode read it, when the caller did already (nil:
+// read here). It returns the run: the whole row, with its Context, when
+// it is handed back (it goes to the agent with the answer to the report
+// before it, as a work item), else the columns of dispatchColumns; a run
+// it did not dispatch
 // (skipped, ended, blocked) comes back whole.
 func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBusy bool, locked *TaskRun) (*TaskRun, error) {
 	if locked == nil {
@@ -106,14 +107,11 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 			return nil, err
 		}
 	}
-	var claim float64 // seconds; 0: not claimed, the agents' polls are woken
-	if chain != nil {
-		claim = chain.claim.Seconds()
-	}
+	handBack := chain != nil && chain.handBack // else the agents' polls are woken
 	hash := "" // the final inputs hash, written with the dispatch
 	var seen *seenOutputs
 	if locked != nil && slices.Contains(dispatchable, locked.State) {
-		if claim > 0 {
+		if handBack {
 			// Its work item shows what it sees: read with its inputs.
 			var err error
 			if seen, err = loadSeenOutputs(tx, locked); err != nil {
@@ -145,21 +143,20 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 		}
 	}
 	returning := dispatchColumns
-	if claim > 0 {
+	if handBack {
 		returning = "*" // the work item is built from it
 	}
 	var runs []TaskRun
 	if err := tx.Raw(`
 UPDATE task_runs
-SET state = @running, attempt = attempt + 1, task_token = @token, acked_at = NULL,
-    claimed_at = CASE WHEN @claim > 0 THEN now() END,
-    lease_until = CASE WHEN @claim > 0 THEN now() + make_interval(secs => @claim) END,
+SET state = @running, attempt = attempt + 1, task_token = @token, lease_until = NULL,
+    claimed_at = CASE WHEN @handback THEN now() END, acked_at = CASE WHEN @handback THEN now() END,
     started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now(),
     inputs_hash = CASE WHEN @hash <> '' THEN @hash ELSE inputs_hash END,
     chain_head = CASE WHEN @chained THEN chain_head END, chain_next = CASE WHEN @chained THEN chain_next END
 WHERE id = @id AND state IN @dispatchable
-RETURNING `+returning+`, CASE WHEN @claim > 0 THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
-		map[string]any{"running": contract.RunRunning, "token": token, "claim": claim, "hash": hash, "chained": chain != nil,
+RETURNING `+returning+`, CASE WHEN @handback THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
+		map[string]any{"running": contract.RunRunning, "token": token, "handback": handBack, "hash": hash, "chained": chain != nil,
 			"id": runID, "dispatchable": dispatchable, "channel": WorkChannel, "wake": WakeWork}).Scan(&runs).Error; err != nil {
 		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
 	}
@@ -209,12 +206,17 @@ func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
 const dispatchColumns = "id, transaction_id, node_id, node_name, task_name, state, attempt, exit_code, task_token, chain_head, chain_next"
 
 // chainLink dispatches a run as one of the chain headed by head (linked
-// by DispatchChain), claimed for the agent for claim when it is set: the
-// run goes back in the answer to its predecessor's report, so no poll is
-// woken for it.
+// by DispatchChain). With handBack, the run goes back in the answer to its
+// predecessor's report, taken by that agent there and then: no poll is
+// woken for it, and it is acknowledged as it is dispatched (its acked_at
+// equal to its claimed_at says so), which saves the agent's ack, a
+// request and a write per run. The agent sends it no ack
+// (WorkItem.Acknowledged); should the answer be lost, the report sent
+// again hands it back again (ContinueChain), and the agent's record keeps
+// it from running twice.
 type chainLink struct {
-	head  int64
-	claim time.Duration
+	head     int64
+	handBack bool
 }
 
 // DispatchChain hands a chain of a node's runs to its agent under one
@@ -273,13 +275,13 @@ func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, check
 
 // ContinueChain is called when the agent reported run of a chain
 // succeeded: it dispatches the chain's next run, passing over runs LCM
-// skips, claimed for that agent for lease (it goes back in the answer to
-// the report: handBack). A report repeated after the next run was
-// dispatched finds it running and dispatches nothing again (handBack
-// false: the agent's poll gets it once the claim's lease ends). It
-// returns nil when the chain has ended (its activity is then to be
-// completed).
-func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Duration) (next *TaskRun, handBack bool, err error) {
+// skips, handed to that agent (it goes back in the answer to the report;
+// see chainLink), and says so (fresh). A report repeated after the next
+// run was dispatched (its answer lost on the way) finds it running and
+// dispatches nothing again: the run goes back in the answer again, whole,
+// and the agent's record of it keeps it from running twice. It returns
+// nil when the chain has ended (its activity is then to be completed).
+func (s *Store) ContinueChain(ctx context.Context, run *TaskRun) (next *TaskRun, fresh bool, err error) {
 	if run.ChainHead == nil || run.ChainNext == nil || run.State != contract.RunSucceeded {
 		return nil, false, nil
 	}
@@ -300,11 +302,21 @@ func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Dura
 			}
 			switch cur.State {
 			case contract.RunRunning:
-				next = cur // already continued by an earlier report
+				// Already continued by an earlier report. Offered anew:
+				// its claimed_at moves on, so that TakeBackDispatch
+				// leaves it to the agent this answer goes to.
+				var again []TaskRun
+				if err := tx.Raw(`UPDATE task_runs SET claimed_at = now(), updated_at = now() WHERE id = ? RETURNING *`, id).
+					Scan(&again).Error; err != nil {
+					return fmt.Errorf("hand run %d back again: %w", id, err)
+				}
+				if len(again) == 1 {
+					next = &again[0]
+				}
 				return nil
 			case contract.RunPending:
-				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, claim: lease}, false, cur)
-				handBack = next != nil
+				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, handBack: true}, false, cur)
+				fresh = next != nil
 				return err
 			case contract.RunSucceeded, contract.RunSkipped:
 				if cur.ChainNext == nil {
@@ -319,7 +331,7 @@ func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Dura
 	if err != nil {
 		return nil, false, err
 	}
-	return next, handBack, nil
+	return next, fresh, nil
 }
 
 // int64Array writes ids as a Postgres bigint[] literal: a whole list of
@@ -403,15 +415,18 @@ chain_head = NULL, chain_next = NULL, updated_at = now() WHERE id = ?`, contract
 }
 
 // TakeBackDispatch returns a dispatched run to pending as long as no agent
-// has acknowledged it (an agent that claimed it is then refused at its
-// ack, and does not run it): a chain's next run handed out just as its
-// transaction was stopped. It reports whether it took it back. The
-// attempt number stays raised: the next dispatch skips one, which only
-// shows in the run's attempt count.
+// has taken it (an agent that claimed it is then refused at its ack, and
+// does not run it): a chain's next run handed out just as its transaction
+// was stopped. A run acknowledged by its hand-back (acked_at equal to
+// claimed_at: see chainLink) counts as not taken, as its caller dispatched
+// it for the answer it has not sent yet; a report sent again, which
+// hands it back again, moves its claimed_at on. It reports whether it took
+// it back. The attempt number stays raised: the next dispatch skips one,
+// which only shows in the run's attempt count.
 func (s *Store) TakeBackDispatch(ctx context.Context, runID int64, attempt int) (bool, error) {
 	res := s.DB.WithContext(ctx).Exec(`UPDATE task_runs
-SET state = ?, claimed_at = NULL, lease_until = NULL, started_at = NULL, updated_at = now()
-WHERE id = ? AND attempt = ? AND state = ? AND acked_at IS NULL`, contract.RunPending, runID, attempt, contract.RunRunning)
+SET state = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL, started_at = NULL, updated_at = now()
+WHERE id = ? AND attempt = ? AND state = ? AND (acked_at IS NULL OR acked_at = claimed_at)`, contract.RunPending, runID, attempt, contract.RunRunning)
 	if res.Error != nil {
 		return false, fmt.Errorf("take back the dispatch of run %d: %w", runID, res.Error)
 	}

@@ -245,7 +245,7 @@ func (s *Server) workItem(ctx context.Context, r models.TaskRun) (protocol.WorkI
 		// Special tasks the agent runs were turned into shell at
 		// planning, but for reboot.
 		Task: r.TaskName, Type: agentType(r.TaskType), Command: r.Spec.Cmd, TimeoutSec: r.Spec.TimeoutSec,
-		Env: env, LogWithResult: true,
+		Env: env, LogWithResult: true, Acknowledged: r.AckedAt != nil,
 	}
 	// Secrets: the task's environment variables, and the references in
 	// a noderole's attributes.
@@ -456,24 +456,20 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	run := rec.Run
 	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
-	next, handBack, err := s.continueChain(ctx, run)
+	next, err := s.continueChain(ctx, run)
 	var notFound *serviceerror.NotFound
 	switch {
 	case err != nil && !errors.As(err, &notFound):
 		return err
 	case next != nil:
 		log.Info("run reported; its chain goes on", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed, "next_run", next.ID, "next_task", next.TaskName)
-		answer := protocol.RunResultResponse{RunID: run.ID, State: run.State, NextRunID: next.ID}
-		if handBack {
-			// The next run goes back with the answer, claimed for this
-			// agent: no wake-up and poll of its own.
-			work, err := s.workResponse(ctx, []models.TaskRun{*next})
-			if err != nil {
-				return err
-			}
-			answer.Runs = work.Runs
+		// The next run goes back with the answer, taken by this agent: no
+		// wake-up and poll of its own, and no ack.
+		work, err := s.workResponse(ctx, []models.TaskRun{*next})
+		if err != nil {
+			return err
 		}
-		return c.JSON(http.StatusOK, answer)
+		return c.JSON(http.StatusOK, protocol.RunResultResponse{RunID: run.ID, State: run.State, NextRunID: next.ID, Runs: work.Runs})
 	}
 	msg := fmt.Sprintf("task %s failed on %s with exit code %d", run.TaskName, run.NodeName, res.ExitCode)
 	if run.Error != "" {
@@ -538,38 +534,43 @@ func (s *Server) storeResultLog(ctx context.Context, nodeID, runID int64, res pr
 // the Web UI shows a task of the chain that runs now and the answer says
 // whether the chain is still awaited. A chain whose activity was cancelled
 // (the transaction is stopping; the workflow normally cuts the chain
-// first) ends here: the dispatch is taken back unless the agent has
+// first) ends here: the dispatch is taken back unless an agent has
 // already taken the run, which then finishes and ends the chain when it
 // is reported. One whose activity is gone (a *serviceerror.NotFound) takes
 // the dispatch back too: this result came too late. It returns the run
-// the chain goes on with (handBack: claimed for the reporting agent, to go
-// back in the answer), or nil when the activity is to be completed now.
-func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (next *models.TaskRun, handBack bool, err error) {
-	next, handBack, err = s.cfg.Store.ContinueChain(ctx, run, s.ackLease())
+// the chain goes on with, to go back in the answer (see
+// models.Store.ContinueChain), or nil when the activity is to be
+// completed now.
+func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (*models.TaskRun, error) {
+	next, fresh, err := s.cfg.Store.ContinueChain(ctx, run)
 	if err != nil || next == nil || !s.beats.due(*run.ChainHead, time.Now()) {
-		return next, handBack, err
+		return next, err
 	}
 	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken, runningDetails(next))
 	var notFound *serviceerror.NotFound
 	gone := errors.As(err, &notFound)
 	switch {
 	case gone || temporal.IsCanceledError(err):
-		taken, terr := s.cfg.Store.TakeBackDispatch(ctx, next.ID, next.Attempt)
-		switch {
-		case terr != nil:
-			return nil, false, terr
-		case gone:
-			return nil, false, err // a late result
-		case !taken:
-			return next, false, nil // the agent has it: it finishes, then the chain ends
+		taken := false
+		if fresh {
+			var terr error
+			if taken, terr = s.cfg.Store.TakeBackDispatch(ctx, next.ID, next.Attempt); terr != nil {
+				return nil, terr
+			}
 		}
-		return nil, false, nil
+		switch {
+		case gone:
+			return nil, err // a late result
+		case !taken:
+			return next, nil // an agent has it: it finishes, then the chain ends
+		}
+		return nil, nil
 	case err != nil:
 		// Temporal is out of reach: the run is dispatched all the same,
 		// and its agent's heartbeats keep the activity alive.
 		s.log.Warn("chain continued but its activity heartbeat failed", "run", next.ID, "error", err)
 	}
-	return next, handBack, nil
+	return next, nil
 }
 
 // runningDetails are the heartbeat details of a run's activity while the

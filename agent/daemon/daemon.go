@@ -511,7 +511,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	// before the command starts.
 	rec = &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
 		NodeRoleID: item.NodeRoleID, Type: item.Type, Phase: PhaseStarted}
-	if !a.ack(ctx, log, item) {
+	if !item.Acknowledged && !a.ack(ctx, log, item) {
 		return
 	}
 	if err := a.records.CreateRun(rec); err != nil {

@@ -560,18 +560,25 @@ func TestRunRegistersExecutesAndRestartsWithCredential(t *testing.T) {
 }
 
 // A chain's next run handed back with the answer to a report is executed
-// at once, without a poll for it: the API never queues it here.
+// at once, without a poll for it: the API never queues it here. One the
+// API took as acknowledged with its hand-back gets no ack; one it did not
+// (an older API) is acknowledged like any other.
 func TestRunHandedBackWithAReport(t *testing.T) {
 	f := newFakeAPI(t)
 	stop, _ := start(t, testConfig(t, f, t.TempDir()))
+	taken := work(3, 1, "echo third")
+	taken.Acknowledged = true
 	f.mu.Lock()
 	f.handBack[1] = []protocol.WorkItem{work(2, 1, "echo second")}
+	f.handBack[2] = []protocol.WorkItem{taken}
 	f.mu.Unlock()
 	f.push(work(1, 1, "echo first"))
 	assert.Equal(t, "first\n", f.waitResults(t, 1, 1)[0].StdoutTail)
 	assert.Equal(t, "second\n", f.waitResults(t, 2, 1)[0].StdoutTail)
+	assert.Equal(t, "third\n", f.waitResults(t, 3, 1)[0].StdoutTail)
 	f.mu.Lock()
 	assert.Equal(t, []int{1}, f.acks[2], "the handed-back run is acknowledged like any other")
+	assert.Empty(t, f.acks[3], "acknowledged by its hand-back")
 	f.mu.Unlock()
 	require.NoError(t, stop())
 }

@@ -123,6 +123,12 @@ type WorkItem struct {
 	// its own. Absent from APIs that do not; an agent then ships all of the
 	// log with log requests.
 	LogWithResult bool `json:"log_with_result,omitempty"`
+	// Acknowledged says that the API took the run as acknowledged when it
+	// handed it back with the answer to the report of the run before it
+	// (a chain's next run): the agent sends no ack for it. An ack sent
+	// anyway, as agents that do not know this field do, is harmless.
+	// Absent from APIs that do not: the agent then acknowledges the run.
+	Acknowledged bool `json:"acknowledged,omitempty"`
 }
 
 // MaxLogWithResult bounds the log a result carries (RunResult.Log): a longer
