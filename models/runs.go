@@ -108,7 +108,7 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 		}
 	}
 	handBack := chain != nil && chain.handBack // else the agents' polls are woken
-	hash := "" // the final inputs hash, written with the dispatch
+	hash := ""                                 // the final inputs hash, written with the dispatch
 	var seen *seenOutputs
 	if locked != nil && slices.Contains(dispatchable, locked.State) {
 		if handBack {
