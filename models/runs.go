@@ -107,8 +107,10 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 			return nil, err
 		}
 	}
-	handBack := chain != nil && chain.handBack // else the agents' polls are woken
-	hash := ""                                 // the final inputs hash, written with the dispatch
+	// A run handed back goes with a report's answer; any other wakes the
+	// agents' polls.
+	handBack := chain != nil && chain.handBack
+	hash := "" // the final inputs hash, written with the dispatch
 	var seen *seenOutputs
 	if locked != nil && slices.Contains(dispatchable, locked.State) {
 		if handBack {
