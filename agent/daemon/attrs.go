@@ -57,15 +57,17 @@ func (f *attrsFiles) environ() []string {
 
 // read returns what the command handed back: the JSON object it wrote to
 // the answer file deep-merged onto what it was sent (so a command adds or
-// changes keys without copying the rest), or sent unchanged when it wrote
-// nothing.
+// changes keys without copying the rest), or nil when it wrote nothing:
+// the attributes are unchanged, and the report need not carry them back
+// (for a graph task, every run's whole node data) for the API to decode,
+// redact and store.
 func (f *attrsFiles) read(sent json.RawMessage) (json.RawMessage, error) {
 	if f.out == "" {
 		return nil, nil
 	}
 	file, err := os.Open(f.out)
 	if errors.Is(err, os.ErrNotExist) {
-		return sent, nil
+		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot read $ANNEAL_ATTRS_OUT: %v", err)
@@ -80,7 +82,7 @@ func (f *attrsFiles) read(sent json.RawMessage) (json.RawMessage, error) {
 	}
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 {
-		return sent, nil
+		return nil, nil
 	}
 	var written, base map[string]any
 	if err := json.Unmarshal(data, &written); err != nil || written == nil {

@@ -69,7 +69,7 @@ var errTimedOut = errors.New("run timed out")
 // fresh empty file: a JSON object written there is deep-merged onto what
 // was sent, and that is what the run hands back (the annealer stores its
 // difference from what was sent as the noderole's wall); left empty, the
-// attributes come back unchanged.
+// attributes are unchanged, and nothing is handed back.
 type ShellExecutor struct {
 	// WorkDir is where commands run and logs are written. Required.
 	WorkDir string

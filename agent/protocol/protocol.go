@@ -234,8 +234,9 @@ type RunResult struct {
 	StderrTail string            `json:"stderr_tail"`
 	Outputs    map[string]string `json:"outputs,omitempty"`
 	// Attrs is the JSON object a run sent Attrs hands back: what the command
-	// wrote to $ANNEAL_ATTRS_OUT, or the attributes it was sent if it wrote
-	// nothing.
+	// wrote to $ANNEAL_ATTRS_OUT merged onto the attributes it was sent.
+	// Absent when it wrote nothing: the attributes are unchanged (agents
+	// before this one sent them back whole; either means the same).
 	Attrs json.RawMessage `json:"attrs,omitempty"`
 	// Error explains a failure that is not an exit code: a timeout, a
 	// command that could not be started.
