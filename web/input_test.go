@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,6 +70,20 @@ func TestHandleErrorNeverInternalForInput(t *testing.T) {
 		c := s.echo.NewContext(httptest.NewRequest(http.MethodPost, "/", nil), rec)
 		s.handleError(echo.ErrStatusRequestEntityTooLarge, c)
 		assert.Equal(t, http.StatusRequestEntityTooLarge, rec.Code)
+	})
+	t.Run("a client gone is 499, not a failure", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		c := s.echo.NewContext(httptest.NewRequestWithContext(ctx, http.MethodGet, "/api/v1/agent/work", nil), rec)
+		s.handleError(fmt.Errorf("claim work: %w", context.Canceled), c)
+		assert.Equal(t, statusClientClosed, rec.Code)
+	})
+	t.Run("a cancellation of our own making is still 500", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		c := s.echo.NewContext(httptest.NewRequest(http.MethodGet, "/", nil), rec)
+		s.handleError(context.Canceled, c)
+		assert.Equal(t, http.StatusInternalServerError, rec.Code)
 	})
 	t.Run("other errors are still 500", func(t *testing.T) {
 		rec := httptest.NewRecorder()

@@ -326,6 +326,10 @@ func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
+// statusClientClosed is the status logged for a request whose client went
+// away before its answer (nginx's 499): not a fault of the server's.
+const statusClientClosed = 499
+
 // httpError is an API error with its status.
 type httpError struct {
 	Status int
@@ -374,6 +378,11 @@ func (s *Server) handleError(err error, c echo.Context) {
 	case isReferenceGone(err):
 		status, body = http.StatusConflict, protocol.ErrorDetail{Code: "conflict",
 			Message: "something this request refers to was removed by another request meanwhile; nothing was written, look again and retry"}
+	case errors.Is(err, context.Canceled) && c.Request().Context().Err() != nil:
+		// The client went away (an agent stopped mid-poll) or the server
+		// is stopping: nobody reads this answer, and nothing failed here.
+		status, body = statusClientClosed, protocol.ErrorDetail{Code: "client_closed_request",
+			Message: "the client closed the request before its answer"}
 	case errors.As(err, &ee):
 		status = ee.Code
 		body = protocol.ErrorDetail{Code: strings.ReplaceAll(strings.ToLower(http.StatusText(ee.Code)), " ", "_"), Message: fmt.Sprint(ee.Message)}
