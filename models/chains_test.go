@@ -40,7 +40,7 @@ func TestChainsInTheStore(t *testing.T) {
 	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID,
 		protocol.RunResult{Attempt: first.Attempt, Outputs: map[string]string{"url": "http://db"}})
 	require.NoError(t, err)
-	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run)
+	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
 	require.NoError(t, err)
 	require.NotNil(t, next)
 	assert.True(t, fresh, "dispatched for the reporting agent")
@@ -66,14 +66,15 @@ func TestChainsInTheStore(t *testing.T) {
 
 	// The report sent again (its answer lost): the same run goes back
 	// again, whole, and is no longer the dispatch's to take back.
-	again, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run)
+	again, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
 	require.NoError(t, err)
 	require.NotNil(t, again)
 	assert.False(t, fresh)
 	assert.Equal(t, 1, again.Attempt, "a repeated report dispatches nothing again")
 	assert.Equal(t, "echo db", again.Spec.Cmd)
-	assert.NotNil(t, again.AckedAt)
-	taken, err := f.Store.TakeBackDispatch(f.Ctx, db.ID, 1)
+	require.NotNil(t, again.AckedAt)
+	assert.Equal(t, again.ClaimedAt, again.AckedAt, "still a hand-back no agent confirmed")
+	taken, err := f.Store.TakeBackHandBack(f.Ctx, next)
 	require.NoError(t, err)
 	assert.False(t, taken, "handed back again: an agent may have it")
 	cur := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
@@ -122,10 +123,10 @@ func TestHandBackTakenBack(t *testing.T) {
 	require.NoError(t, err)
 	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
 	require.NoError(t, err)
-	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run)
+	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
 	require.NoError(t, err)
 	require.True(t, fresh)
-	taken, err := f.Store.TakeBackDispatch(f.Ctx, next.ID, next.Attempt)
+	taken, err := f.Store.TakeBackHandBack(f.Ctx, next)
 	require.NoError(t, err)
 	assert.True(t, taken)
 	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
@@ -135,9 +136,61 @@ func TestHandBackTakenBack(t *testing.T) {
 	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State, "an ack does not bring it back")
 }
 
+// A hand-back whose answer never reached its agent (killed before it read
+// it, stopped before it started the run) is offered to the node's polls
+// once its lease has passed, still counted as taken; the agent's first
+// run heartbeat confirms it, and it is offered no more. A hand-back an
+// agent confirmed is not the dispatch's to take back.
+func TestHandBackOfferedAgainUntilConfirmed(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
+	require.NoError(t, err)
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	require.NoError(t, err)
+	const lease = 200 * time.Millisecond
+	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run, lease)
+	require.NoError(t, err)
+	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	assert.Empty(t, offered, "not while its lease lasts")
+	at, err := f.Store.NextOffer(f.Ctx, f.Ctl.ID)
+	require.NoError(t, err)
+	assert.False(t, at.IsZero(), "a poll wakes when its lease ends")
+
+	time.Sleep(lease + 50*time.Millisecond)
+	offered, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	require.Len(t, offered, 1)
+	assert.Equal(t, db.ID, offered[0].ID)
+	assert.Equal(t, next.Attempt, offered[0].Attempt, "the same attempt: the agent's record decides")
+	require.NotNil(t, offered[0].AckedAt)
+	assert.Equal(t, offered[0].ClaimedAt, offered[0].AckedAt, "still taken: a lost chain fails it rather than run it twice")
+	end, err := f.Store.RunDelivery(f.Ctx, db.ID)
+	require.NoError(t, err)
+	assert.True(t, end.Acked)
+	taken, err := f.Store.TakeBackHandBack(f.Ctx, next)
+	require.NoError(t, err)
+	assert.False(t, taken, "offered again since: an agent may have it")
+
+	// The run's first heartbeat confirms it: offered no more.
+	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, db.ID, next.Attempt)
+	require.NoError(t, err)
+	time.Sleep(lease + 50*time.Millisecond)
+	offered, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	assert.Empty(t, offered)
+	at, err = f.Store.NextOffer(f.Ctx, f.Ctl.ID)
+	require.NoError(t, err)
+	assert.True(t, at.IsZero())
+	assert.Equal(t, contract.RunRunning, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
+}
+
 // A stop cuts a chain: the API then hands out none of its runs not yet
-// started, and a dispatch no agent acknowledged is taken back.
-func TestChainCutAndTakeBack(t *testing.T) {
+// started.
+func TestChainCut(t *testing.T) {
 	f := storetest.NewFixture(t)
 	txn, _ := f.Plan(t)
 	runs := f.RunsByLabel(t, txn)
@@ -147,22 +200,8 @@ func TestChainCutAndTakeBack(t *testing.T) {
 	require.NoError(t, f.Store.CutChain(f.Ctx, setup.ID))
 	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
 	require.NoError(t, err)
-	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run)
+	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
 	require.NoError(t, err)
 	assert.Nil(t, next, "the chain was cut: nothing more is handed out")
 	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
-
-	run, err := f.Store.DispatchRun(f.Ctx, db.ID, []byte("token-2"))
-	require.NoError(t, err)
-	taken, err := f.Store.TakeBackDispatch(f.Ctx, db.ID, run.Attempt)
-	require.NoError(t, err)
-	assert.True(t, taken)
-	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
-	run, err = f.Store.DispatchRun(f.Ctx, db.ID, []byte("token-3"))
-	require.NoError(t, err)
-	_, err = f.Store.AckRun(f.Ctx, f.Ctl.ID, db.ID, run.Attempt)
-	require.NoError(t, err)
-	taken, err = f.Store.TakeBackDispatch(f.Ctx, db.ID, run.Attempt)
-	require.NoError(t, err)
-	assert.False(t, taken, "the agent has it")
 }

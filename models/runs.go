@@ -151,14 +151,15 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 	var runs []TaskRun
 	if err := tx.Raw(`
 UPDATE task_runs
-SET state = @running, attempt = attempt + 1, task_token = @token, lease_until = NULL,
+SET state = @running, attempt = attempt + 1, task_token = @token,
     claimed_at = CASE WHEN @handback THEN now() END, acked_at = CASE WHEN @handback THEN now() END,
+    lease_until = CASE WHEN @handback THEN now() + make_interval(secs => @lease) END,
     started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now(),
     inputs_hash = CASE WHEN @hash <> '' THEN @hash ELSE inputs_hash END,
     chain_head = CASE WHEN @chained THEN chain_head END, chain_next = CASE WHEN @chained THEN chain_next END
 WHERE id = @id AND state IN @dispatchable
 RETURNING `+returning+`, CASE WHEN @handback THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
-		map[string]any{"running": contract.RunRunning, "token": token, "handback": handBack, "hash": hash, "chained": chain != nil,
+		map[string]any{"running": contract.RunRunning, "token": token, "handback": handBack, "lease": leaseOf(chain), "hash": hash, "chained": chain != nil,
 			"id": runID, "dispatchable": dispatchable, "channel": WorkChannel, "wake": WakeWork}).Scan(&runs).Error; err != nil {
 		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
 	}
@@ -210,15 +211,29 @@ const dispatchColumns = "id, transaction_id, node_id, node_name, task_name, stat
 // chainLink dispatches a run as one of the chain headed by head (linked
 // by DispatchChain). With handBack, the run goes back in the answer to its
 // predecessor's report, taken by that agent there and then: no poll is
-// woken for it, and it is acknowledged as it is dispatched (its acked_at
-// equal to its claimed_at says so), which saves the agent's ack, a
-// request and a write per run. The agent sends it no ack
-// (WorkItem.Acknowledged); should the answer be lost, the report sent
-// again hands it back again (ContinueChain), and the agent's record keeps
-// it from running twice.
+// woken for it, and it is acknowledged as it is dispatched, which saves
+// the agent's ack, a request and a write per run (WorkItem.Acknowledged).
+// Its acked_at equal to its claimed_at marks such a hand-back until the
+// agent's first run heartbeat confirms it (AckRun): should the answer be
+// lost (the agent killed before it read it, stopped before it started the
+// run, or talking to an older API), the run is offered to the node's
+// polls again once lease has passed, as an unacknowledged one is, and the
+// report sent again hands it back again (ContinueChain). The agent's
+// record keeps it from running twice either way; a chain lost meanwhile
+// fails it (EndLostChain), as the agent may have it.
 type chainLink struct {
 	head     int64
 	handBack bool
+	lease    time.Duration
+}
+
+// leaseOf is how long a run dispatched with chain waits before it is
+// offered again (seconds): a hand-back's lease.
+func leaseOf(chain *chainLink) float64 {
+	if chain == nil || chain.lease <= 0 {
+		return DefaultAckLease.Seconds()
+	}
+	return chain.lease.Seconds()
 }
 
 // DispatchChain hands a chain of a node's runs to its agent under one
@@ -277,13 +292,14 @@ func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, check
 
 // ContinueChain is called when the agent reported run of a chain
 // succeeded: it dispatches the chain's next run, passing over runs LCM
-// skips, handed to that agent (it goes back in the answer to the report;
-// see chainLink), and says so (fresh). A report repeated after the next
-// run was dispatched (its answer lost on the way) finds it running and
-// dispatches nothing again: the run goes back in the answer again, whole,
-// and the agent's record of it keeps it from running twice. It returns
-// nil when the chain has ended (its activity is then to be completed).
-func (s *Store) ContinueChain(ctx context.Context, run *TaskRun) (next *TaskRun, fresh bool, err error) {
+// skips, handed to that agent (it goes back in the answer to the report,
+// offered again after lease unless the agent confirms it; see chainLink),
+// and says so (fresh). A report repeated after the next run was
+// dispatched (its answer lost on the way) finds it running and dispatches
+// nothing again: the run goes back in the answer again, whole, and the
+// agent's record of it keeps it from running twice. It returns nil when
+// the chain has ended (its activity is then to be completed).
+func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Duration) (next *TaskRun, fresh bool, err error) {
 	if run.ChainHead == nil || run.ChainNext == nil || run.State != contract.RunSucceeded {
 		return nil, false, nil
 	}
@@ -305,11 +321,15 @@ func (s *Store) ContinueChain(ctx context.Context, run *TaskRun) (next *TaskRun,
 			switch cur.State {
 			case contract.RunRunning:
 				// Already continued by an earlier report. Offered anew:
-				// its claimed_at moves on, so that TakeBackDispatch
-				// leaves it to the agent this answer goes to.
+				// its claimed_at moves on, so that TakeBackHandBack
+				// leaves it to the agent this answer goes to, and a
+				// hand-back not yet confirmed stays one, its lease renewed.
 				var again []TaskRun
-				if err := tx.Raw(`UPDATE task_runs SET claimed_at = now(), updated_at = now() WHERE id = ? RETURNING *`, id).
-					Scan(&again).Error; err != nil {
+				if err := tx.Raw(`UPDATE task_runs SET
+  acked_at = CASE WHEN acked_at = claimed_at THEN now() ELSE acked_at END,
+  lease_until = CASE WHEN acked_at IS NULL OR acked_at = claimed_at THEN now() + make_interval(secs => ?) ELSE lease_until END,
+  claimed_at = now(), updated_at = now()
+WHERE id = ? RETURNING *`, leaseOf(&chainLink{lease: lease}), id).Scan(&again).Error; err != nil {
 					return fmt.Errorf("hand run %d back again: %w", id, err)
 				}
 				if len(again) == 1 {
@@ -317,7 +337,7 @@ func (s *Store) ContinueChain(ctx context.Context, run *TaskRun) (next *TaskRun,
 				}
 				return nil
 			case contract.RunPending:
-				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, handBack: true}, false, cur)
+				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, handBack: true, lease: lease}, false, cur)
 				fresh = next != nil
 				return err
 			case contract.RunSucceeded, contract.RunSkipped:
@@ -416,21 +436,25 @@ chain_head = NULL, chain_next = NULL, updated_at = now() WHERE id = ?`, contract
 	return out, nil
 }
 
-// TakeBackDispatch returns a dispatched run to pending as long as no agent
-// has taken it (an agent that claimed it is then refused at its ack, and
-// does not run it): a chain's next run handed out just as its transaction
-// was stopped. A run acknowledged by its hand-back (acked_at equal to
-// claimed_at: see chainLink) counts as not taken, as its caller dispatched
-// it for the answer it has not sent yet; a report sent again, which
-// hands it back again, moves its claimed_at on. It reports whether it took
-// it back. The attempt number stays raised: the next dispatch skips one,
-// which only shows in the run's attempt count.
-func (s *Store) TakeBackDispatch(ctx context.Context, runID int64, attempt int) (bool, error) {
+// TakeBackHandBack returns a chain's next run, dispatched by
+// ContinueChain for the answer to its predecessor's report (next: the run
+// as that returned it), to pending, as long as that answer has not gone
+// out: its activity turned out cancelled or gone. It takes the run back
+// only while it is as that dispatch left it (same attempt and claim, not
+// confirmed by an agent): a report sent again, which hands it back again,
+// or a poll that offered it again, has moved its claimed_at on. It reports
+// whether it took it back. The attempt number stays raised: the next
+// dispatch skips one, which only shows in the run's attempt count.
+func (s *Store) TakeBackHandBack(ctx context.Context, next *TaskRun) (bool, error) {
+	if next.ClaimedAt == nil {
+		return false, nil
+	}
 	res := s.DB.WithContext(ctx).Exec(`UPDATE task_runs
 SET state = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL, started_at = NULL, updated_at = now()
-WHERE id = ? AND attempt = ? AND state = ? AND (acked_at IS NULL OR acked_at = claimed_at)`, contract.RunPending, runID, attempt, contract.RunRunning)
+WHERE id = ? AND attempt = ? AND state = ? AND claimed_at = ? AND (acked_at IS NULL OR acked_at = claimed_at)`,
+		contract.RunPending, next.ID, next.Attempt, contract.RunRunning, *next.ClaimedAt)
 	if res.Error != nil {
-		return false, fmt.Errorf("take back the dispatch of run %d: %w", runID, res.Error)
+		return false, fmt.Errorf("take back the dispatch of run %d: %w", next.ID, res.Error)
 	}
 	return res.RowsAffected == 1, nil
 }
@@ -477,16 +501,21 @@ func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration
 }
 
 // claimWorkSQL claims a node's runs to hand out (lease seconds, node).
+// A run not acknowledged is offered, and one handed back with a report's
+// answer that its agent has not confirmed (acked_at = claimed_at: see
+// chainLink) once its lease has passed; the latter stays marked so.
 const claimWorkSQL = `
-UPDATE task_runs SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now()
-WHERE node_id = ? AND state = 'running' AND acked_at IS NULL AND (claimed_at IS NULL OR lease_until <= now())
+UPDATE task_runs SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now(),
+  acked_at = CASE WHEN acked_at IS NOT NULL THEN now() END
+WHERE node_id = ? AND state = 'running' AND (acked_at IS NULL OR acked_at = claimed_at)
+  AND (claimed_at IS NULL OR lease_until <= now())
 RETURNING *`
 
 // nextOfferSQL finds when a node's next unacknowledged run is offered
 // again (node).
 const nextOfferSQL = `
 SELECT min(lease_until) FROM task_runs
-WHERE node_id = ? AND state = 'running' AND acked_at IS NULL AND lease_until IS NOT NULL`
+WHERE node_id = ? AND state = 'running' AND (acked_at IS NULL OR acked_at = claimed_at) AND lease_until IS NOT NULL`
 
 // NextOffer returns when the earliest unacknowledged run handed to a node
 // will be offered again, or the zero time if none waits: a long poll wakes
@@ -501,8 +530,9 @@ func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) 
 }
 
 // AckRun records that a node's agent took delivery of attempt of a run (0:
-// whatever attempt is current, for an agent that does not say): it is not
-// offered again. It returns the run as it is now; a run that is no longer
+// whatever attempt is current, for an agent that does not say), or
+// confirms a run handed back with a report's answer (its first run
+// heartbeat; see chainLink): it is not offered again. It returns the run as it is now; a run that is no longer
 // running is returned unchanged, and the caller tells the agent. Another
 // attempt than the current one is a *ConflictError: that agent holds a
 // stale offer.
@@ -517,8 +547,8 @@ func (s *Store) AckRun(ctx context.Context, nodeID, runID int64, attempt int) (*
 	db := s.DB.WithContext(ctx)
 	var runs []TaskRun
 	err := db.Raw(`
-UPDATE task_runs SET acked_at = now(), lease_until = NULL, updated_at = now()
-WHERE id = ? AND node_id = ? AND state = ? AND acked_at IS NULL AND (attempt = ? OR ? = 0)
+UPDATE task_runs SET acked_at = clock_timestamp(), lease_until = NULL, updated_at = now()
+WHERE id = ? AND node_id = ? AND state = ? AND (acked_at IS NULL OR acked_at = claimed_at) AND (attempt = ? OR ? = 0)
 RETURNING `+ackColumns, runID, nodeID, contract.RunRunning, attempt, attempt).Scan(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("acknowledge run %d: %w", runID, err)
@@ -656,14 +686,15 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: red.String(StripNUL(res.Error)),
 		StdoutTail: red.String(StripNUL(res.StdoutTail)), StderrTail: red.String(StripNUL(res.StderrTail)), FinishedAt: &finished, UpdatedAt: Now(),
 	}
-	cols := []string{"state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at"}
+	// attrs_out is written either way: nil (nothing handed back, the
+	// attributes unchanged) must not leave an earlier attempt's.
+	cols := []string{"state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at", "attrs_out"}
 	if res.Attrs != nil {
 		var back map[string]any
 		if err := json.Unmarshal(res.Attrs, &back); err != nil || back == nil {
 			return nil, Invalid("attrs", "must be a JSON object")
 		}
 		run.AttrsOut, _ = red.Value(stripNULMap(back)).(map[string]any)
-		cols = append(cols, "attrs_out")
 	}
 	upd := db.Model(&run).Clauses(resultReturning).
 		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, contract.RunRunning).

@@ -532,6 +532,16 @@ func TestRecordRunResultRedacts(t *testing.T) {
 	assert.Equal(t, map[string]string{"pw": "***"}, got.Outputs)
 	assert.Equal(t, map[string]any{"pw": "***"}, got.AttrsOut)
 
+	// Its retry hands nothing back: the attributes are unchanged, and the
+	// first attempt's answer does not stay.
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, nil)
+	require.NoError(t, err)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 2, StdoutTail: "ok"})
+	require.NoError(t, err)
+	got, err = f.Store.AgentRun(f.Ctx, f.Ctl.ID, setup.ID)
+	require.NoError(t, err)
+	assert.Nil(t, got.AttrsOut)
+
 	// Without text, the secrets are not read: a keyring that cannot open
 	// them would fail the report if they were.
 	f.Store.Keys, err = secrets.ParseKeys(secrets.GenerateKey())

@@ -456,20 +456,31 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	run := rec.Run
 	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
-	next, err := s.continueChain(ctx, run)
+	next, fresh, err := s.continueChain(ctx, run)
 	var notFound *serviceerror.NotFound
 	switch {
 	case err != nil && !errors.As(err, &notFound):
 		return err
 	case next != nil:
 		log.Info("run reported; its chain goes on", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed, "next_run", next.ID, "next_task", next.TaskName)
-		// The next run goes back with the answer, taken by this agent: no
-		// wake-up and poll of its own, and no ack.
-		work, err := s.workResponse(ctx, []models.TaskRun{*next})
-		if err != nil {
-			return err
+		answer := protocol.RunResultResponse{RunID: run.ID, State: run.State, NextRunID: next.ID}
+		if fresh {
+			// The next run goes back with the answer, taken by this
+			// agent: no wake-up and poll of its own, and no ack.
+			work, err := s.workResponse(ctx, []models.TaskRun{*next})
+			if err != nil {
+				return err
+			}
+			answer.Runs = work.Runs
+		} else if item, err := s.workItem(ctx, *next); err == nil {
+			// Handed back again: the first answer may have been lost.
+			answer.Runs = []protocol.WorkItem{item}
+		} else {
+			// The agent may have it from the first answer: it is not
+			// failed here, and a poll offers it again if not.
+			log.Warn("the chain's next run not handed back again", "next_run", next.ID, "error", err)
 		}
-		return c.JSON(http.StatusOK, protocol.RunResultResponse{RunID: run.ID, State: run.State, NextRunID: next.ID, Runs: work.Runs})
+		return c.JSON(http.StatusOK, answer)
 	}
 	msg := fmt.Sprintf("task %s failed on %s with exit code %d", run.TaskName, run.NodeName, res.ExitCode)
 	if run.Error != "" {
@@ -538,13 +549,13 @@ func (s *Server) storeResultLog(ctx context.Context, nodeID, runID int64, res pr
 // already taken the run, which then finishes and ends the chain when it
 // is reported. One whose activity is gone (a *serviceerror.NotFound) takes
 // the dispatch back too: this result came too late. It returns the run
-// the chain goes on with, to go back in the answer (see
-// models.Store.ContinueChain), or nil when the activity is to be
+// the chain goes on with, to go back in the answer (fresh: dispatched
+// now; see models.Store.ContinueChain), or nil when the activity is to be
 // completed now.
-func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (*models.TaskRun, error) {
-	next, fresh, err := s.cfg.Store.ContinueChain(ctx, run)
+func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (next *models.TaskRun, fresh bool, err error) {
+	next, fresh, err = s.cfg.Store.ContinueChain(ctx, run, s.ackLease())
 	if err != nil || next == nil || !s.beats.due(*run.ChainHead, time.Now()) {
-		return next, err
+		return next, fresh, err
 	}
 	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken, runningDetails(next))
 	var notFound *serviceerror.NotFound
@@ -554,23 +565,23 @@ func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (*model
 		taken := false
 		if fresh {
 			var terr error
-			if taken, terr = s.cfg.Store.TakeBackDispatch(ctx, next.ID, next.Attempt); terr != nil {
-				return nil, terr
+			if taken, terr = s.cfg.Store.TakeBackHandBack(ctx, next); terr != nil {
+				return nil, false, terr
 			}
 		}
 		switch {
 		case gone:
-			return nil, err // a late result
+			return nil, false, err // a late result
 		case !taken:
-			return next, nil // an agent has it: it finishes, then the chain ends
+			return next, fresh, nil // an agent has it: it finishes, then the chain ends
 		}
-		return nil, nil
+		return nil, false, nil
 	case err != nil:
 		// Temporal is out of reach: the run is dispatched all the same,
 		// and its agent's heartbeats keep the activity alive.
 		s.log.Warn("chain continued but its activity heartbeat failed", "run", next.ID, "error", err)
 	}
-	return next, nil
+	return next, fresh, nil
 }
 
 // runningDetails are the heartbeat details of a run's activity while the

@@ -198,3 +198,86 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 		assert.True(t, strings.Contains(raw, `"field":"`+tt.field+`"`), "%s %s names %s: %s", tt.path, tt.body, tt.field, raw)
 	}
 }
+
+// handBackRelease is a chain of two tasks on a node: the second goes back
+// to the agent with the answer to the first's report; it appends a line to
+// a file outside the agent's work directory, the node-side count.
+const handBackRelease = `
+name: handback
+version: "1"
+roles_metadata:
+  worker: {tags: [worker]}
+graphs:
+  deployment:
+    tasks:
+      - id: first
+        tags: [worker]
+        parameters: {cmd: "echo first", timeout: 30}
+      - id: second
+        tags: [worker]
+        requires: [first]
+        parameters: {cmd: "echo ran >> %s; echo counted", timeout: 30}
+`
+
+// TestLostHandBackRunsExactlyOnce: the agent reports a chain's first run
+// and never reads the answer that hands it the next one (killed or
+// stopped right then; here the agent's requests are made by hand while
+// the node's agent is down). That run, taken for the agent with the
+// answer, is offered to the node's polls once the ack lease has passed:
+// the restarted agent executes it, exactly once, counted on the node, and
+// the transaction succeeds.
+func TestLostHandBackRunsExactlyOnce(t *testing.T) {
+	st := testenv.NewStack(t, testenv.Options{HeartbeatTimeoutSec: 30})
+	count := filepath.Join(t.TempDir(), "count")
+	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken,
+		testenv.YAML(fmt.Sprintf(handBackRelease, count)), nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "d1", "release": "handback"}, nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	agent := st.StartAgent(t, nodeName("n1"))
+	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n1"), map[string]any{"deployment": "d1", "roles": []string{"worker"}}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	token := agent.Token(t)
+	agent.Stop()
+
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
+	var work protocol.WorkResponse
+	require.Eventually(t, func() bool {
+		status, body = testenv.Call(t, http.MethodGet, st.URL+"/api/v1/agent/work?wait=5s", token, nil, &work)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+		return len(work.Runs) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the chain's first run is handed out")
+	first := work.Runs[0]
+	require.Equal(t, "first", first.Task)
+	assert.False(t, first.Acknowledged, "a polled run is acknowledged by the agent")
+	status, body = testenv.Call(t, http.MethodPost, st.URL+fmt.Sprintf(protocol.PathRunAck, first.RunID), token, map[string]any{"attempt": 1}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	now := time.Now().UTC()
+	var answer protocol.RunResultResponse
+	status, body = testenv.Call(t, http.MethodPost, st.URL+fmt.Sprintf(protocol.PathRunResult, first.RunID), token,
+		protocol.RunResult{Attempt: 1, StdoutTail: "first\n", StartedAt: now, FinishedAt: now}, &answer)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	require.Len(t, answer.Runs, 1, "the next run goes back with the answer")
+	lost := answer.Runs[0]
+	assert.Equal(t, "second", lost.Task)
+	assert.True(t, lost.Acknowledged, "taken with the answer: no ack")
+	lostAt := time.Now()
+
+	// The answer is lost. Within the ack lease nothing is offered.
+	status, body = testenv.Call(t, http.MethodGet, st.URL+"/api/v1/agent/work?wait=0s", token, nil, &work)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	assert.Empty(t, work.Runs)
+
+	restartAgent(t, st, agent)
+	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	took := time.Since(lostAt)
+	t.Logf("handed-back run delivered again and finished %s after its answer was lost", took.Round(time.Millisecond))
+	assert.Equal(t, models.TxReady, tx.Status)
+	got := runsByKey(t, st, ans.TaskUUID, "")["second@"+nodeName("n1")]
+	assert.Equal(t, contract.RunSucceeded, got.State)
+	assert.Equal(t, lost.Attempt, got.Attempt, "the same attempt, delivered again")
+	assert.GreaterOrEqual(t, took, models.DefaultAckLease, "not offered before the lease ran out")
+	data, err := os.ReadFile(count)
+	require.NoError(t, err)
+	assert.Equal(t, "ran\n", string(data), "executed exactly once on the node")
+}

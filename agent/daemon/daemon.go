@@ -439,6 +439,9 @@ func (a *agent) heartbeatLoop(ctx context.Context) {
 }
 
 func (a *agent) workLoop(ctx context.Context) {
+	// Runs handed back with the last report and not started are
+	// abandoned as those of a poll are.
+	defer func() { a.abandon(ctx, a.takeHandedBack()) }()
 	b := a.backoff()
 	for ctx.Err() == nil {
 		// Runs handed back with a report go first; then the long poll.

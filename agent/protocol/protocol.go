@@ -203,9 +203,12 @@ type RunAckResponse struct {
 
 // RunResultResponse answers a run's report with the run's state. When the
 // run was one of a chain and the chain goes on, NextRunID names the
-// chain's next run, and Runs holds it already claimed for this agent, so
-// that the agent starts it without polling for work (an agent that
-// ignores it gets it from its next poll once the claim's lease ends).
+// chain's next run, and Runs holds it taken for this agent (marked
+// Acknowledged), so that the agent starts it without polling for work or
+// acknowledging it. An agent that ignores it, or never reads the answer,
+// gets it from its next poll once the hand-back's lease ends, unless its
+// first run heartbeat confirmed it; the same report sent again hands it
+// back again.
 type RunResultResponse struct {
 	RunID     int64      `json:"run_id"`
 	State     string     `json:"state"`
