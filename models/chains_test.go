@@ -9,6 +9,7 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
 	"github.com/anneal-dev/anneal/models/storetest"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
@@ -115,17 +116,7 @@ func TestChainsInTheStore(t *testing.T) {
 // report is taken back when its activity turns out cancelled before that
 // answer goes out (continueChain), although its hand-back acknowledged it.
 func TestHandBackTakenBack(t *testing.T) {
-	f := storetest.NewFixture(t)
-	txn, _ := f.Plan(t)
-	runs := f.RunsByLabel(t, txn)
-	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
-	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
-	require.NoError(t, err)
-	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
-	require.NoError(t, err)
-	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
-	require.NoError(t, err)
-	require.True(t, fresh)
+	f, txn, db, next := handBackOfDB(t, time.Minute)
 	taken, err := f.Store.TakeBackHandBack(f.Ctx, next)
 	require.NoError(t, err)
 	assert.True(t, taken)
@@ -142,17 +133,8 @@ func TestHandBackTakenBack(t *testing.T) {
 // run heartbeat confirms it, and it is offered no more. A hand-back an
 // agent confirmed is not the dispatch's to take back.
 func TestHandBackOfferedAgainUntilConfirmed(t *testing.T) {
-	f := storetest.NewFixture(t)
-	txn, _ := f.Plan(t)
-	runs := f.RunsByLabel(t, txn)
-	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
-	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
-	require.NoError(t, err)
-	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
-	require.NoError(t, err)
 	const lease = 200 * time.Millisecond
-	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run, lease)
-	require.NoError(t, err)
+	f, txn, db, next := handBackOfDB(t, lease)
 	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
 	require.NoError(t, err)
 	assert.Empty(t, offered, "not while its lease lasts")
@@ -186,6 +168,26 @@ func TestHandBackOfferedAgainUntilConfirmed(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, at.IsZero())
 	assert.Equal(t, contract.RunRunning, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
+}
+
+// handBackOfDB dispatches ctl's chain setup -> db, reports setup, and
+// returns db as ContinueChain handed it back (its lease lease).
+func handBackOfDB(t *testing.T, lease time.Duration) (f *storetest.Fixture, txn *fuel.Transaction, db models.TaskRun, next *models.TaskRun) {
+	t.Helper()
+	f = storetest.NewFixture(t)
+	txn, _ = f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup := runs["setup@"+storetest.CtlName]
+	db = runs["db@"+storetest.CtlName]
+	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
+	require.NoError(t, err)
+	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	require.NoError(t, err)
+	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, lease)
+	require.NoError(t, err)
+	require.NotNil(t, next)
+	require.True(t, fresh)
+	return f, txn, db, next
 }
 
 // A stop cuts a chain: the API then hands out none of its runs not yet

@@ -573,7 +573,9 @@ func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (next *
 		case gone:
 			return nil, false, err // a late result
 		case !taken:
-			return next, fresh, nil // an agent has it: it finishes, then the chain ends
+			// An agent has it (handed back or offered again since, or
+			// confirmed): it finishes, then the chain ends.
+			return next, false, nil
 		}
 		return nil, false, nil
 	case err != nil:

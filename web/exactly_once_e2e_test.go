@@ -52,6 +52,27 @@ func restartAgent(t *testing.T, st *testenv.Stack, a *testenv.Agent) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
+// agentDownOnN1 starts a stack with the release of text (its node-side
+// count file in place of its %s) as deployment d1, and node n1 in it as a
+// worker, enrolled by a real agent that is then stopped: the test makes the
+// agent's requests by hand, or restarts it (restartAgent).
+func agentDownOnN1(t *testing.T, text, release string) (st *testenv.Stack, count string, agent *testenv.Agent, node models.Node) {
+	t.Helper()
+	st = testenv.NewStack(t, testenv.Options{HeartbeatTimeoutSec: 30})
+	count = filepath.Join(t.TempDir(), "count")
+	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken,
+		testenv.YAML(fmt.Sprintf(text, count)), nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "d1", "release": release}, nil)
+	require.Equal(t, http.StatusCreated, status, "%s", body)
+	agent = st.StartAgent(t, nodeName("n1"))
+	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n1"), map[string]any{"deployment": "d1", "roles": []string{"worker"}}, &node)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	agent.Token(t) // enrolled before it stops
+	agent.Stop()
+	return st, count, agent, node
+}
+
 // TestLostClaimRunsExactlyOnce: the server hands a run out and the answer
 // never reaches the agent (here: the claim is made directly on the store
 // while the node's agent is down). The run is offered again once its lease
@@ -59,20 +80,9 @@ func restartAgent(t *testing.T, st *testenv.Stack, a *testenv.Agent) {
 // counted on the node. Agent reports out of range, or for runs that are
 // unknown, foreign or finished, are 4xx.
 func TestLostClaimRunsExactlyOnce(t *testing.T) {
-	st := testenv.NewStack(t, testenv.Options{HeartbeatTimeoutSec: 30})
-	count := filepath.Join(t.TempDir(), "count")
-	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken,
-		testenv.YAML(fmt.Sprintf(onceRelease, count)), nil)
-	require.Equal(t, http.StatusCreated, status, "%s", body)
-	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "d1", "release": "once"}, nil)
-	require.Equal(t, http.StatusCreated, status, "%s", body)
-	agent := st.StartAgent(t, nodeName("n1"))
+	st, count, agent, node := agentDownOnN1(t, onceRelease, "once")
 	other := st.StartAgent(t, nodeName("n2"))
-	var node models.Node
-	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n1"), map[string]any{"deployment": "d1", "roles": []string{"worker"}}, &node)
-	require.Equal(t, http.StatusOK, status, "%s", body)
 	token := agent.Token(t)
-	agent.Stop()
 
 	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
 	// The claim whose answer is lost.
@@ -91,7 +101,7 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 
 	// Within the lease nothing is offered, even to the node's own agent.
 	var work protocol.WorkResponse
-	status, body = testenv.Call(t, http.MethodGet, st.URL+"/api/v1/agent/work?wait=0s", token, nil, &work)
+	status, body := testenv.Call(t, http.MethodGet, st.URL+"/api/v1/agent/work?wait=0s", token, nil, &work)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	assert.Empty(t, work.Runs)
 
@@ -227,21 +237,13 @@ graphs:
 // the restarted agent executes it, exactly once, counted on the node, and
 // the transaction succeeds.
 func TestLostHandBackRunsExactlyOnce(t *testing.T) {
-	st := testenv.NewStack(t, testenv.Options{HeartbeatTimeoutSec: 30})
-	count := filepath.Join(t.TempDir(), "count")
-	status, body := testenv.Call(t, http.MethodPost, st.URL+"/api/v1/releases", st.AdminToken,
-		testenv.YAML(fmt.Sprintf(handBackRelease, count)), nil)
-	require.Equal(t, http.StatusCreated, status, "%s", body)
-	status, body = st.Do(t, http.MethodPost, "/api/v1/deployments", map[string]string{"name": "d1", "release": "handback"}, nil)
-	require.Equal(t, http.StatusCreated, status, "%s", body)
-	agent := st.StartAgent(t, nodeName("n1"))
-	status, body = st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n1"), map[string]any{"deployment": "d1", "roles": []string{"worker"}}, nil)
-	require.Equal(t, http.StatusOK, status, "%s", body)
+	st, count, agent, _ := agentDownOnN1(t, handBackRelease, "handback")
 	token := agent.Token(t)
-	agent.Stop()
 
 	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
 	var work protocol.WorkResponse
+	var status int
+	var body []byte
 	require.Eventually(t, func() bool {
 		status, body = testenv.Call(t, http.MethodGet, st.URL+"/api/v1/agent/work?wait=5s", token, nil, &work)
 		require.Equal(t, http.StatusOK, status, "%s", body)
