@@ -201,9 +201,13 @@ func (s *Store) NodeSecrets(ctx context.Context, nodeID int64, names []string) (
 	if err := db.Model(&Node{}).Select("deployment_id").Where("id = ?", nodeID).Scan(&dep).Error; err != nil {
 		return nil, fmt.Errorf("load the deployment of node %d: %w", nodeID, err)
 	}
-	vals, err := s.openSecrets(db, dep, names)
+	var rows []Secret
+	if err := db.Where("deployment_id = ? AND name IN ?", dep, names).Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("load secrets: %w", err)
+	}
+	vals, err := s.openRows(rows)
 	if err != nil {
-		return nil, err
+		return nil, &SecretsUnavailableError{Reason: err.Error()}
 	}
 	var missing []string
 	for _, n := range names {
@@ -213,10 +217,18 @@ func (s *Store) NodeSecrets(ctx context.Context, nodeID int64, names []string) (
 	}
 	if len(missing) > 0 {
 		sort.Strings(missing)
-		return nil, fmt.Errorf("secret(s) %s no longer set in the node's deployment", strings.Join(missing, ", "))
+		return nil, &SecretsUnavailableError{Reason: fmt.Sprintf("secret(s) %s no longer set in the node's deployment", strings.Join(missing, ", "))}
 	}
 	return vals, nil
 }
+
+// SecretsUnavailableError means secrets a run needs cannot be had: deleted
+// since the run was planned, or sealed with a key the server does not
+// hold. The run cannot run; a database that cannot be read is another
+// error, which passes.
+type SecretsUnavailableError struct{ Reason string }
+
+func (e *SecretsUnavailableError) Error() string { return e.Reason }
 
 // NodeRedactor redacts every secret of a node's deployment: what the node
 // reports (outputs, output tails, errors, attributes, signals) passes

@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -75,6 +76,13 @@ func TestSecretsSealListOpenRotate(t *testing.T) {
 	assert.Equal(t, "hunter22-prod", vals["db-password"])
 	_, err = s.NodeSecrets(ctx, node.ID, []string{"nope"})
 	assert.ErrorContains(t, err, "nope")
+	var unavailable *models.SecretsUnavailableError
+	assert.ErrorAs(t, err, &unavailable, "the run cannot run: it fails")
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = s.NodeSecrets(gone, node.ID, []string{"db-password"})
+	require.Error(t, err)
+	assert.False(t, errors.As(err, &unavailable), "a database that cannot be read does not fail the run: %v", err)
 	red, err := s.NodeRedactor(s.DB, node.ID)
 	require.NoError(t, err)
 	assert.Equal(t, "pw=***", red.String("pw=hunter22-prod"))

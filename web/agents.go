@@ -254,8 +254,12 @@ func (s *Server) workItem(ctx context.Context, r models.TaskRun) (protocol.WorkI
 		names = append(names, name)
 	}
 	vals, err := s.cfg.Store.NodeSecrets(ctx, r.NodeID, names)
-	if err != nil {
+	var unavailable *models.SecretsUnavailableError
+	switch {
+	case errors.As(err, &unavailable):
 		return item, &runSecretsError{reason: "its secrets could not be resolved: " + err.Error()}
+	case err != nil:
+		return item, err // the database: the run stays handed out, offered again
 	}
 	for env, name := range r.Spec.Secrets {
 		item.Env[env] = vals[name]
