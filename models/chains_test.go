@@ -57,7 +57,7 @@ func TestChainsInTheStore(t *testing.T) {
 	require.NotNil(t, next.Context)
 	assert.Equal(t, seen.Outputs, next.Context.Outputs)
 	assert.Equal(t, []models.RunOutputs{{TaskName: "setup", NodeName: storetest.CtlName, Outputs: map[string]string{"url": "http://db"}}}, next.Context.Outputs)
-	upstream, err := models.UpstreamOutputs(f.Store.DB, next)
+	upstream, err := models.UpstreamOutputsReference(f.Store.DB, next)
 	require.NoError(t, err)
 	assert.Equal(t, models.InputsHash(next.InputsBase, upstream), next.InputsHash)
 	assert.NotEqual(t, models.InputsHash(next.InputsBase, nil), next.InputsHash, "the outputs count")

@@ -1,8 +1,36 @@
 package models
 
+import "gorm.io/gorm"
+
 // The agents' work queries, for the test of their plans
 // (TestWorkQueriesUseAnIndex).
 const (
 	ClaimWorkSQL = claimWorkSQL
 	NextOfferSQL = nextOfferSQL
 )
+
+// UpstreamOutputsReference reads, by a query of its own, the outputs of
+// the runs run depends on, directly or not, that ended well: the reference
+// the inputs hash a dispatch computes (from loadSeenOutputs) must agree
+// with.
+func UpstreamOutputsReference(tx *gorm.DB, run *TaskRun) ([]RunOutputs, error) {
+	var rows []struct {
+		TaskName string
+		NodeName string
+		Outputs  map[string]string `gorm:"serializer:json"`
+	}
+	err := tx.Raw(`
+WITH RECURSIVE up(id) AS (
+  SELECT parent_id FROM run_edges WHERE child_id = ?
+  UNION
+  SELECT e.parent_id FROM run_edges e JOIN up ON e.child_id = up.id
+)
+SELECT r.task_name, r.node_name, r.outputs FROM task_runs r
+WHERE r.transaction_id = ? AND r.state IN ('succeeded', 'skipped') AND r.outputs <> '{}'::jsonb
+  AND r.id IN (SELECT id FROM up)`, run.ID, run.TransactionID).Scan(&rows).Error
+	out := make([]RunOutputs, len(rows))
+	for i, r := range rows {
+		out[i] = RunOutputs{TaskName: r.TaskName, NodeName: r.NodeName, Outputs: r.Outputs}
+	}
+	return out, err
+}

@@ -24,7 +24,7 @@ import (
 //   - its definition and its node (InputsBaseJSON);
 //   - the merged data of its node, sent as $ANNEAL_ATTRS (NodeInputs);
 //   - the outputs of the runs it depends on, directly or not, as
-//     ANNEAL_OUT_* and ANNEAL_CONTEXT show them (UpstreamOutputs). Outputs
+//     ANNEAL_OUT_* and ANNEAL_CONTEXT show them (seenOutputs). Outputs
 //     of runs it does not depend on are left out: they are there or not
 //     depending on timing, so a task cannot rely on them.
 //
@@ -222,47 +222,14 @@ func LastFinishedRuns(tx *gorm.DB, deploymentID int64, graphType string, nodes [
 	return out, nil
 }
 
-// UpstreamOutputs returns the outputs of the runs run depends on, directly
-// or not, that ended well (succeeded, or skipped with the outputs of the
-// run they stand for): what the task reads of them.
-//
-// The runs of its transaction with outputs come first, from the partial
-// index task_runs_tx_outputs_idx (the predicate is written with literals so
-// that it serves it, also from a cached generic plan), and the walk up the
-// run's ancestors is made only when there are some: most runs hand over no
-// outputs, and the walk is as deep as the run's place in its chain.
-func UpstreamOutputs(tx *gorm.DB, run *TaskRun) ([]RunOutputs, error) {
-	var rows []struct {
-		TaskName string
-		NodeName string
-		Outputs  map[string]string `gorm:"serializer:json"`
-	}
-	err := tx.Raw(`
-WITH RECURSIVE up(id) AS (
-  SELECT parent_id FROM run_edges WHERE child_id = ?
-  UNION
-  SELECT e.parent_id FROM run_edges e JOIN up ON e.child_id = up.id
-)
-SELECT r.task_name, r.node_name, r.outputs FROM task_runs r
-WHERE r.transaction_id = ? AND r.state IN ('succeeded', 'skipped') AND r.outputs <> '{}'::jsonb
-  AND r.id IN (SELECT id FROM up)`, run.ID, run.TransactionID).Scan(&rows).Error
-	if err != nil {
-		return nil, fmt.Errorf("load the outputs run %d depends on: %w", run.ID, err)
-	}
-	out := make([]RunOutputs, len(rows))
-	for i, r := range rows {
-		out[i] = RunOutputs{TaskName: r.TaskName, NodeName: r.NodeName, Outputs: r.Outputs}
-	}
-	return out, nil
-}
-
 // seenOutputs are the outputs a run sees when it starts (all: its
 // ancestors', the earlier graphs', and its own node's earlier runs of its
 // graph, as ANNEAL_CONTEXT shows them) and, among them, those of the runs
-// it depends on (upstream: what UpstreamOutputs reads, which its inputs
-// hash covers). One query gives both when a run's dispatch also builds its
-// work item (a chain's next run, handed back with its predecessor's
-// report).
+// it depends on, directly or not, that ended well (succeeded, or skipped
+// with the outputs of the run they stand for: upstream, which its inputs
+// hash covers). One query gives both, for its inputs hash at its dispatch
+// and, when its dispatch also builds its work item (a chain's next run,
+// handed back with its predecessor's report), for that too.
 type seenOutputs struct {
 	all, upstream []RunOutputs
 }
@@ -353,7 +320,7 @@ func finalInputs(tx *gorm.DB, runID int64, maySkip bool) (*TaskRun, string, erro
 }
 
 // inputsColumns are the columns of a run finalInputsOf reads.
-var inputsColumns = []string{"id", "transaction_id", "node_id", "node_name", "task_name", "graph_type", "state", "inputs_base", "lcm"}
+var inputsColumns = []string{"id", "transaction_id", "node_id", "node_name", "task_name", "graph_type", "graph_index", "position", "state", "inputs_base", "lcm"}
 
 // finalInputsOf is finalInputs of a run whose inputsColumns are loaded
 // already (dispatch reads them with the lock of the run's node), with the
@@ -363,16 +330,13 @@ func finalInputsOf(tx *gorm.DB, run TaskRun, maySkip bool, seen *seenOutputs) (*
 	if run.InputsBase == "" {
 		return nil, "", nil // a noderole's run, or one planned before LCM knew inputs
 	}
-	var up []RunOutputs
-	if seen != nil {
-		up = seen.upstream
-	} else {
+	if seen == nil {
 		var err error
-		if up, err = UpstreamOutputs(tx, &run); err != nil {
+		if seen, err = loadSeenOutputs(tx, &run); err != nil {
 			return nil, "", err
 		}
 	}
-	hash := InputsHash(run.InputsBase, up)
+	hash := InputsHash(run.InputsBase, seen.upstream)
 	if maySkip && run.LCM && run.State == contract.RunPending {
 		// The deployment as a subquery: one round trip fewer per dispatch.
 		deployment := gorm.Expr("(SELECT deployment_id FROM transactions WHERE id = ?)", run.TransactionID)

@@ -110,6 +110,10 @@ func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBus
 	// A run handed back goes with a report's answer; any other wakes the
 	// agents' polls.
 	handBack := chain != nil && chain.handBack
+	leaseSecs := 0.0 // a hand-back's, until its agent confirms it
+	if handBack {
+		leaseSecs = ackLeaseOr(chain.lease).Seconds()
+	}
 	hash := "" // the final inputs hash, written with the dispatch
 	var seen *seenOutputs
 	if locked != nil && slices.Contains(dispatchable, locked.State) {
@@ -159,7 +163,7 @@ SET state = @running, attempt = attempt + 1, task_token = @token,
     chain_head = CASE WHEN @chained THEN chain_head END, chain_next = CASE WHEN @chained THEN chain_next END
 WHERE id = @id AND state IN @dispatchable
 RETURNING `+returning+`, CASE WHEN @handback THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
-		map[string]any{"running": contract.RunRunning, "token": token, "handback": handBack, "lease": leaseOf(chain), "hash": hash, "chained": chain != nil,
+		map[string]any{"running": contract.RunRunning, "token": token, "handback": handBack, "lease": leaseSecs, "hash": hash, "chained": chain != nil,
 			"id": runID, "dispatchable": dispatchable, "channel": WorkChannel, "wake": WakeWork}).Scan(&runs).Error; err != nil {
 		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
 	}
@@ -227,13 +231,12 @@ type chainLink struct {
 	lease    time.Duration
 }
 
-// leaseOf is how long a run dispatched with chain waits before it is
-// offered again (seconds): a hand-back's lease.
-func leaseOf(chain *chainLink) float64 {
-	if chain == nil || chain.lease <= 0 {
-		return DefaultAckLease.Seconds()
+// ackLeaseOr is lease, or DefaultAckLease when it is not set.
+func ackLeaseOr(lease time.Duration) time.Duration {
+	if lease <= 0 {
+		return DefaultAckLease
 	}
-	return chain.lease.Seconds()
+	return lease
 }
 
 // DispatchChain hands a chain of a node's runs to its agent under one
@@ -329,7 +332,7 @@ func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Dura
   acked_at = CASE WHEN acked_at = claimed_at THEN now() ELSE acked_at END,
   lease_until = CASE WHEN acked_at IS NULL OR acked_at = claimed_at THEN now() + make_interval(secs => ?) ELSE lease_until END,
   claimed_at = now(), updated_at = now()
-WHERE id = ? RETURNING *`, leaseOf(&chainLink{lease: lease}), id).Scan(&again).Error; err != nil {
+WHERE id = ? RETURNING *`, ackLeaseOr(lease).Seconds(), id).Scan(&again).Error; err != nil {
 					return fmt.Errorf("hand run %d back again: %w", id, err)
 				}
 				if len(again) == 1 {
@@ -487,9 +490,7 @@ const DefaultAckLease = 5 * time.Second
 // command twice. The lease lives in Postgres: a restarted server offers
 // again what its predecessor handed out unacknowledged.
 func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, error) {
-	if lease <= 0 {
-		lease = DefaultAckLease
-	}
+	lease = ackLeaseOr(lease)
 	var runs []TaskRun
 	// The state is a literal, so that task_runs_node_unfinished_idx serves
 	// the query from a cached generic plan too (as NextOffer's).

@@ -153,23 +153,6 @@ func MissingSecretsError(field, deployment string, missing []string) *InputError
 		strings.Join(missing, ", "), deployment, deployment), Details: map[string]any{"missing_secrets": missing}}
 }
 
-// openSecrets decrypts the named secrets of a deployment (all of them when
-// names is nil). A name without a secret is absent from the answer.
-func (s *Store) openSecrets(tx *gorm.DB, deploymentID int64, names []string) (map[string]string, error) {
-	q := tx.Where("deployment_id = ?", deploymentID)
-	if names != nil {
-		if len(names) == 0 {
-			return map[string]string{}, nil
-		}
-		q = q.Where("name IN ?", names)
-	}
-	var rows []Secret
-	if err := q.Find(&rows).Error; err != nil {
-		return nil, fmt.Errorf("load secrets: %w", err)
-	}
-	return s.openRows(rows)
-}
-
 // openRows decrypts sealed secrets, by name.
 func (s *Store) openRows(rows []Secret) (map[string]string, error) {
 	out := make(map[string]string, len(rows))
