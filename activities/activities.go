@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
@@ -301,6 +303,30 @@ func (a *Activities) CancelRuns(ctx context.Context, in contract.RunsToCancel) e
 // RunTaskOnNode timed out asks it whether the agent ever had the run.
 func (a *Activities) RunDelivery(ctx context.Context, runID int64) (*contract.RunDelivery, error) {
 	return a.Runs.RunDelivery(ctx, runID)
+}
+
+// wakeParallel bounds the wake-ups WakeNodes has in flight at once.
+const wakeParallel = 16
+
+// WakeNodes sends SignalRunsFinished to each node workflow named, a few at
+// a time. A node workflow not started yet, or already ended, is skipped:
+// Postgres already holds the states, and a node workflow reads them there
+// when it starts. Sending a wake-up twice (a retry) is harmless.
+func (a *Activities) WakeNodes(ctx context.Context, in contract.WakeNodes) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(wakeParallel)
+	for _, w := range in.Wakes {
+		g.Go(func() error {
+			id := contract.NodeWorkflowID(in.TransactionID, w.Node)
+			err := a.Temporal.SignalWorkflow(gctx, id, "", contract.SignalRunsFinished, contract.RunsFinished{States: w.States})
+			var notFound *serviceerror.NotFound
+			if err != nil && !errors.As(err, &notFound) {
+				return fmt.Errorf("wake the workflow of node %s (%s): %w", w.Node, id, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 // CheckRunStates reads runs' states: the fallback when a wake-up from

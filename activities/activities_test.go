@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/mocks"
 	"go.temporal.io/sdk/temporal"
@@ -483,4 +484,41 @@ func loadedEnv(ts *testsuite.WorkflowTestSuite) *testsuite.TestWorkflowEnvironme
 	env := ts.NewTestWorkflowEnvironment()
 	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute})
 	return env
+}
+
+// TestWakeNodes signals each node workflow named with its own states; a
+// node workflow that is not there (not started yet, or ended) is skipped,
+// and any other failure fails the activity, naming the node, for a retry.
+func TestWakeNodes(t *testing.T) {
+	in := contract.WakeNodes{TransactionID: "T", Wakes: []contract.NodeWake{
+		{Node: "a.test", States: map[int64]string{1: contract.RunSucceeded}},
+		{Node: "b.test", States: map[int64]string{1: contract.RunSucceeded, 2: contract.RunFailed}},
+	}}
+	for _, tc := range []struct {
+		name  string
+		bErr  error
+		fails string
+	}{
+		{"all woken", nil, ""},
+		{"one not there", serviceerror.NewNotFound("workflow not found"), ""},
+		{"one unavailable", serviceerror.NewUnavailable("server down"), "wake the workflow of node b.test (tx-T/b.test): server down"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ts testsuite.WorkflowTestSuite
+			env := ts.NewTestActivityEnvironment()
+			c := &mocks.Client{}
+			c.On("SignalWorkflow", mock.Anything, "tx-T/a.test", "", contract.SignalRunsFinished,
+				contract.RunsFinished{States: in.Wakes[0].States}).Return(nil).Once()
+			c.On("SignalWorkflow", mock.Anything, "tx-T/b.test", "", contract.SignalRunsFinished,
+				contract.RunsFinished{States: in.Wakes[1].States}).Return(tc.bErr).Once()
+			env.RegisterActivity(&activities.Activities{Temporal: c, Log: quiet})
+			_, err := env.ExecuteActivity(contract.WakeNodesActivity, in)
+			if tc.fails == "" {
+				require.NoError(t, err)
+			} else {
+				require.ErrorContains(t, err, tc.fails)
+			}
+			c.AssertExpectations(t)
+		})
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,8 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	rounds := fs.Int("rounds", 5, "rounds of anneal and bare, alternating which goes first")
 	eager := fs.Bool("eager-activities", false, "start the Temporal dev server with system.enableActivityEagerExecution=true (both sides benefit)")
 	sharedTransport := fs.Bool("shared-agent-transport", false, "all simulated agents share http.DefaultTransport (2 idle connections in all: nearly every agent request dials anew), as the bench did before; by default each agent has its own (daemon.NewHTTPClient), as separate processes would")
+	serverMetrics := fs.Int("server-metrics", 0, "serve the Temporal dev server's Prometheus metrics on this port during the bench "+
+		"(task_errors_throttled, task_latency_queue and task_attempt by operation show work queued behind a busy workflow)")
 	pprofDir := fs.String("pprof", "", "write CPU profiles of the worker+API and of the agents during the anneal phases into DIR")
 	planOnly := fs.Bool("plan-only", false, "measure planning alone: the bench's deployment and nodes made in Postgres (no Temporal, agents or worker), "+
 		"then per round one transaction of the bench graph planned as the PlanGraph activity does; prints the median (with --pprof DIR, a CPU profile)")
@@ -70,6 +73,10 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	opts.Port, opts.UIPort = 0, devenv.HeadlessUI
 	if *eager {
 		opts.ExtraArgs = append(opts.ExtraArgs, eagerActivitiesArgs...)
+	}
+	if *serverMetrics > 0 {
+		opts.ExtraArgs = append(opts.ExtraArgs, "--metrics-port", strconv.Itoa(*serverMetrics))
+		fmt.Printf("the Temporal server's metrics: http://127.0.0.1:%d/metrics\n", *serverMetrics)
 	}
 	tmp, err := devenv.EnsureTemporal(ctx, opts, log)
 	if err != nil {

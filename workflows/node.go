@@ -326,9 +326,23 @@ func (n *nodeState) recordFailure(ctx workflow.Context, f contract.RunFailure) e
 	return nil
 }
 
+// versionWakeActivity sends the wake-ups of a run with dependants on more
+// than wakeBySignalsMax nodes from the WakeNodes activity instead of one
+// SignalExternalWorkflow per node. The server processes a workflow's
+// outgoing signals one at a time under its lock; a thousand of them from
+// one node workflow queued there for tens of seconds, each failing as
+// "busy workflow" and backing off, and held up the whole transfer queue.
+// Histories from before never ask for it and replay with the signals.
+const versionWakeActivity = "wake-nodes-activity"
+
+// wakeBySignalsMax is how many nodes a node workflow still wakes with its
+// own signals: cheaper than an activity for a few.
+const wakeBySignalsMax = 8
+
 // tellRemoteKids wakes the node workflows waiting for these runs, one signal
-// per node. Postgres already holds the states, so a node workflow that has
-// not started yet reads them from there instead.
+// per node, or one WakeNodes activity for many. Postgres already holds the
+// states, so a node workflow that has not started yet reads them from there
+// instead.
 func (n *nodeState) tellRemoteKids(ctx workflow.Context, ids []int64) {
 	byNode := map[string]map[int64]string{}
 	var nodes []string
@@ -345,6 +359,16 @@ func (n *nodeState) tellRemoteKids(ctx workflow.Context, ids []int64) {
 		}
 	}
 	slices.Sort(nodes)
+	if len(nodes) > wakeBySignalsMax && workflow.GetVersion(ctx, versionWakeActivity, workflow.DefaultVersion, 1) >= 1 {
+		in := contract.WakeNodes{TransactionID: n.in.TransactionID}
+		for _, node := range nodes {
+			in.Wakes = append(in.Wakes, contract.NodeWake{Node: node, States: byNode[node]})
+		}
+		f := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "wake %d node(s) waiting for runs of %s", len(nodes), n.in.NodeName),
+			contract.WakeNodesActivity, in)
+		n.sent = append(n.sent, f)
+		return
+	}
 	for _, node := range nodes {
 		// A failed signal (the other node's workflow not started or already
 		// done) is harmless for the reason above.

@@ -23,7 +23,19 @@ const (
 	// (ErrTypeTransactionFailed) when the transaction ended in error
 	// (version 1).
 	versionSearchAttrs = "search-attributes"
+	// versionStartWindow has a graph ask for at most nodeStartWindow node
+	// workflows whose start the server has not confirmed yet (version 1),
+	// instead of all of them in one workflow task: the server starts a
+	// parent's children one at a time under the parent's lock, and a
+	// thousand start requests at once queued there, failed as "busy
+	// workflow" and backed off, so that the last node started minutes
+	// after the first.
+	versionStartWindow = "node-start-window"
 )
+
+// nodeStartWindow is how many node workflows a graph has asked for and not
+// yet seen started (versionStartWindow).
+const nodeStartWindow = 32
 
 // Transaction runs a transaction's graphs one after another: each graph is
 // planned by an activity, then executed by one child workflow per node. A
@@ -150,13 +162,25 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 	defer abort()
 	failedNodes := 0
 	withAttrs := workflow.GetVersion(ctx, versionSearchAttrs, workflow.DefaultVersion, 1) >= 1
+	window := 0
+	if len(gp.Nodes) > nodeStartWindow && workflow.GetVersion(ctx, versionStartWindow, workflow.DefaultVersion, 1) >= 1 {
+		window = nodeStartWindow
+	}
 	var res contract.GraphResult
 	sel := workflow.NewSelector(ctx)
 	inFlight := 0
+	// started is ready once each of the `starting` node workflows asked for
+	// has started (or failed to).
+	started := workflow.NewSelector(ctx)
+	starting := 0
 	for _, node := range gp.Nodes {
 		for inFlight >= limit {
 			sel.Select(ctx)
 			inFlight--
+		}
+		for window > 0 && starting >= window {
+			started.Select(ctx)
+			starting--
 		}
 		if gctx.Err() != nil {
 			break // stopped or aborted: start no more nodes; their runs are cancelled at the end
@@ -178,6 +202,10 @@ func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *co
 		}
 		f := workflow.ExecuteChildWorkflow(cctx, contract.NodeWorkflow, nin)
 		inFlight++
+		if window > 0 {
+			starting++
+			started.AddFuture(f.GetChildWorkflowExecution(), func(workflow.Future) {})
+		}
 		sel.AddFuture(f, func(f workflow.Future) {
 			var r contract.NodeResult
 			err := f.Get(ctx, &r)

@@ -80,6 +80,7 @@ const (
 	RecordRunFailureActivity     = "RecordRunFailure"
 	CancelRunsActivity           = "CancelRuns"
 	CheckRunStatesActivity       = "CheckRunStates" // local activity
+	WakeNodesActivity            = "WakeNodes"
 	AbandonNodeRunsActivity      = "AbandonNodeRuns"
 	FinishTransactionActivity    = "FinishTransaction"
 	RecordNoOpActivity           = "RecordNoOp"
@@ -101,7 +102,7 @@ const (
 // the worker registers exactly these.
 var ActivityNames = []string{
 	PlanGraphActivity, LoadNodePlanActivity, RunTaskOnNodeActivity, RunChainOnNodeActivity, CutChainActivity, EndLostChainActivity, RunOnOrchestratorActivity,
-	RecordRunFailureActivity, CancelRunsActivity, CheckRunStatesActivity, AbandonNodeRunsActivity,
+	RecordRunFailureActivity, CancelRunsActivity, CheckRunStatesActivity, WakeNodesActivity, AbandonNodeRunsActivity,
 	FinishTransactionActivity, RecordNoOpActivity, FinishNodeGraphActivity, NodeBootIDActivity, RunDeliveryActivity,
 	AwaitRebootActivity, AnnealActivity, RecoverTransitionsActivity, PrepareNodeRoleRunActivity,
 	FinishNodeRoleRunActivity, BootstrapNodeActivity, PrepareSoftwareRoundActivity, FinishSoftwareRoundActivity,

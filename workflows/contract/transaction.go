@@ -145,6 +145,20 @@ type RunsFinished struct {
 	States map[int64]string `json:"states"`
 }
 
+// WakeNodes is the input of WakeNodesActivity: the SignalRunsFinished
+// wake-ups of one node workflow to many others, sent by an activity so
+// that they do not queue up on the sender's own workflow.
+type WakeNodes struct {
+	TransactionID string     `json:"transaction_id"`
+	Wakes         []NodeWake `json:"wakes"`
+}
+
+// NodeWake is one node's wake-up: the states of the runs it waits for.
+type NodeWake struct {
+	Node   string           `json:"node"`
+	States map[int64]string `json:"states"`
+}
+
 // PlannedNode is one node of a planned graph, as the transaction workflow
 // needs it: who to start a child workflow for.
 type PlannedNode struct {
