@@ -2,11 +2,14 @@ package daemon
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models/attrs"
@@ -21,31 +24,50 @@ type attrsFiles struct {
 	in, out string
 }
 
-// newAttrsFiles writes item's attributes to a file in dir and creates the
-// empty file for the answer; it does nothing for an item without Attrs.
-func newAttrsFiles(dir string, item protocol.WorkItem) (*attrsFiles, error) {
+// newAttrsFiles prepares item's two attributes files in dir; it does
+// nothing for an item without Attrs. The file sent is shared by the runs
+// sent the same attributes (named by their hash; a node's runs mostly
+// are), so that a run need not create one; the answer file is an empty
+// scratch file.
+func newAttrsFiles(dir string, item protocol.WorkItem, scratch *runScratch) (*attrsFiles, error) {
 	if item.Attrs == nil {
 		return &attrsFiles{}, nil
 	}
-	f := &attrsFiles{}
-	in, err := os.CreateTemp(dir, fmt.Sprintf("attrs-%d-%d-*.json", item.RunID, item.Attempt))
+	in, err := sharedFile(dir, "attrs", ".json", item.Attrs)
 	if err != nil {
-		return nil, fmt.Errorf("cannot create attributes file: %v", err)
-	}
-	f.in = in.Name()
-	_, werr := in.Write(item.Attrs)
-	if err := errors.Join(werr, in.Close()); err != nil {
-		f.remove()
 		return nil, fmt.Errorf("cannot write attributes file: %v", err)
 	}
-	out, err := os.CreateTemp(dir, fmt.Sprintf("attrs-out-%d-%d-*.json", item.RunID, item.Attempt))
+	out, err := scratch.empty("attrs-out", ".json")
 	if err != nil {
-		f.remove()
 		return nil, fmt.Errorf("cannot create attributes answer file: %v", err)
 	}
-	f.out = out.Name()
-	out.Close()
-	return f, nil
+	return &attrsFiles{in: in, out: out}, nil
+}
+
+// sharedFile returns the path of a file in dir holding data, named by its
+// hash: the existing one when it still holds data (a command may have
+// changed it), else a new one, written whole under a temporary name and
+// renamed into place, so that no reader sees it half-written.
+func sharedFile(dir, prefix, suffix string, data []byte) (string, error) {
+	sum := sha256.Sum256(data)
+	path := filepath.Join(dir, prefix+"-"+hex.EncodeToString(sum[:16])+suffix)
+	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
+		return path, nil
+	}
+	tmp, err := os.CreateTemp(dir, prefix+"-*.tmp")
+	if err != nil {
+		return "", err
+	}
+	_, werr := tmp.Write(data)
+	if err := errors.Join(werr, tmp.Close()); err != nil {
+		_ = os.Remove(tmp.Name())
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		_ = os.Remove(tmp.Name())
+		return "", err
+	}
+	return path, nil
 }
 
 func (f *attrsFiles) environ() []string {
@@ -96,12 +118,4 @@ func (f *attrsFiles) read(sent json.RawMessage) (json.RawMessage, error) {
 		return nil, fmt.Errorf("encode attributes handed back: %v", err)
 	}
 	return back, nil
-}
-
-func (f *attrsFiles) remove() {
-	for _, p := range []string{f.in, f.out} {
-		if p != "" {
-			_ = os.Remove(p)
-		}
-	}
 }

@@ -43,9 +43,13 @@ func TestShellNodeRoleAttributes(t *testing.T) {
 			} else {
 				assert.JSONEq(t, c.want, string(res.Attrs))
 			}
-			// The files are gone after the run, and the log sits under the noderole.
-			left, _ := filepath.Glob(filepath.Join(e.WorkDir, "tmp", "attrs-*"))
+			// The answer file is gone after the run, the file sent stays
+			// for the next run sent the same, and the log sits under the
+			// noderole.
+			left, _ := filepath.Glob(filepath.Join(e.WorkDir, "tmp", "attrs-out-*"))
 			assert.Empty(t, left)
+			kept, _ := filepath.Glob(filepath.Join(e.WorkDir, "tmp", "attrs-*.json"))
+			assert.Len(t, kept, 1)
 			_, err := os.Stat(e.LogPath(it))
 			assert.NoError(t, err)
 			assert.Contains(t, e.LogPath(it), "noderole-7")
@@ -57,4 +61,31 @@ func TestShellNoAttributesForTaskRuns(t *testing.T) {
 	res := newExecutor(t).Execute(context.Background(), item(`test -z "$ANNEAL_ATTRS" && test -z "$ANNEAL_ATTRS_OUT"`))
 	require.True(t, res.Succeeded(), res.Error)
 	assert.Nil(t, res.Attrs)
+}
+
+// TestShellAttributesFileShared: runs sent the same attributes read one
+// file, which no run creates again; a run that changed it in place does not
+// change what the next one reads; other attributes get their own file.
+func TestShellAttributesFileShared(t *testing.T) {
+	e := newExecutor(t)
+	sent := json.RawMessage(`{"db":{"port":5432}}`)
+	run := func(id int64, attrs json.RawMessage, cmd string) string {
+		it := item(`echo "path=$ANNEAL_ATTRS" >> "$ANNEAL_OUTPUTS"; ` + cmd)
+		it.RunID, it.Attrs = id, attrs
+		res := e.Execute(context.Background(), it)
+		require.True(t, res.Succeeded(), "error %q, stderr %q", res.Error, res.StderrTail)
+		return res.Outputs["path"]
+	}
+	first := run(1, sent, `echo '{"spoiled":true}' > "$ANNEAL_ATTRS"`)
+	info, err := os.Stat(first)
+	require.NoError(t, err)
+	again := run(2, sent, `test "$(cat "$ANNEAL_ATTRS")" = '{"db":{"port":5432}}'`)
+	assert.Equal(t, first, again, "the same attributes, the same file")
+	third := run(3, sent, "true")
+	assert.Equal(t, first, third)
+	now, err := os.Stat(third)
+	require.NoError(t, err)
+	assert.False(t, os.SameFile(info, now), "the spoiled file was replaced")
+	other := run(4, json.RawMessage(`{"db":{"port":6432}}`), `grep -q 6432 "$ANNEAL_ATTRS"`)
+	assert.NotEqual(t, first, other)
 }

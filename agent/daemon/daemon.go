@@ -184,7 +184,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return a.outcome(actx, err)
 	}
 	if a.exec == nil {
-		a.exec = &ShellExecutor{WorkDir: a.workDir, NodeName: a.name, Logger: a.log}
+		a.exec = &ShellExecutor{WorkDir: a.workDir, NodeName: a.name, Logger: a.log, ReuseScratch: true}
 	}
 	a.log.Info("agent started", "boot_id", a.bootID, "api", a.api.BaseURL, "workdir", a.workDir)
 
@@ -656,10 +656,15 @@ func (a *agent) finishWithLog(ctx context.Context, log *slog.Logger, rec *RunRec
 // recover runs at start: runs a previous agent process started and never
 // finished are reported failed (their commands may have done part of their
 // work; running them again silently could do it twice), and old records
-// are pruned.
+// and scratch files are pruned.
 func (a *agent) recover(ctx context.Context) {
 	if err := a.records.Prune(time.Now().Add(-RecordRetention)); err != nil {
 		a.log.Warn("cannot prune old run records", "error", err)
+	}
+	// The shell's files shared between runs (their attributes) stay until
+	// no run has used them for as long.
+	if err := pruneFiles(scratchDir(a.workDir), time.Now().Add(-RecordRetention)); err != nil {
+		a.log.Warn("cannot prune old scratch files", "error", err)
 	}
 	recs, err := a.records.Unfinished()
 	if err != nil {

@@ -204,20 +204,28 @@ func (r *Records) Unfinished() ([]*RunRecord, error) {
 
 // Prune removes records last written before cutoff.
 func (r *Records) Prune(cutoff time.Time) error {
-	entries, err := os.ReadDir(r.Dir)
+	if err := pruneFiles(r.Dir, cutoff); err != nil {
+		return fmt.Errorf("prune old records: %w", err)
+	}
+	return nil
+}
+
+// pruneFiles removes the regular files in dir last modified before cutoff.
+func pruneFiles(dir string, cutoff time.Time) error {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("list records: %w", err)
+		return fmt.Errorf("list %s: %w", dir, err)
 	}
 	for _, e := range entries {
 		info, err := e.Info()
 		if err != nil || !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) {
 			continue
 		}
-		if err := os.Remove(filepath.Join(r.Dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("remove old record: %w", err)
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", e.Name(), err)
 		}
 	}
 	return nil

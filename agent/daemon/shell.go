@@ -65,8 +65,8 @@ var errTimedOut = errors.New("run timed out")
 //
 // A run sent attributes (an item with Attrs: a noderole's run, or a graph
 // task with its node's merged data) also gets ANNEAL_ATTRS, a file
-// holding the attributes it sees as a JSON object, and ANNEAL_ATTRS_OUT, a
-// fresh empty file: a JSON object written there is deep-merged onto what
+// holding the attributes it sees as a JSON object (shared by runs sent
+// the same), and ANNEAL_ATTRS_OUT, an empty file: a JSON object written there is deep-merged onto what
 // was sent, and that is what the run hands back (the annealer stores its
 // difference from what was sent as the noderole's wall); left empty, the
 // attributes are unchanged, and nothing is handed back.
@@ -87,6 +87,13 @@ type ShellExecutor struct {
 	// instead of the agent's own (the worker runs master_shell tasks with
 	// a clean one: no database URL, no tokens).
 	BaseEnv []string
+	// ReuseScratch says this executor is the only one using WorkDir (an
+	// agent's): a run's empty outputs and answer files are then a few
+	// files emptied and reused, not a pair created and removed per run,
+	// which is most of what an agent spends per run besides the command.
+	ReuseScratch bool
+
+	slots scratchSlots
 }
 
 var _ Executor = (*ShellExecutor)(nil)
@@ -151,26 +158,23 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	lf.comment("started %s, timeout %s", res.StartedAt.Format(time.RFC3339Nano), timeout)
 
 	// Outputs file.
-	tmpDir := filepath.Join(e.WorkDir, "tmp")
+	tmpDir := scratchDir(e.WorkDir)
 	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
 		res.Error = fmt.Sprintf("cannot create outputs directory: %v", err)
 		return res
 	}
-	of, err := os.CreateTemp(tmpDir, fmt.Sprintf("outputs-%d-%d-*", item.RunID, item.Attempt))
+	scratch := e.scratch(tmpDir, item)
+	defer scratch.release()
+	outputsPath, err := scratch.empty("outputs", "")
 	if err != nil {
 		res.Error = fmt.Sprintf("cannot create outputs file: %v", err)
 		return res
 	}
-	outputsPath := of.Name()
-	of.Close()
-	defer os.Remove(outputsPath)
-
-	attrs, err := newAttrsFiles(tmpDir, item)
+	attrs, err := newAttrsFiles(tmpDir, item, scratch)
 	if err != nil {
 		res.Error = err.Error()
 		return res
 	}
-	defer attrs.remove()
 
 	shell := e.Shell
 	if shell == "" {
@@ -399,6 +403,88 @@ func outcome(res protocol.RunResult) string {
 		s += ", error: " + res.Error
 	}
 	return s
+}
+
+// scratchDir is where the shell keeps a run's outputs and attributes files.
+func scratchDir(workDir string) string { return filepath.Join(workDir, "tmp") }
+
+// scratchSlots numbers the sets of scratch files of the runs executing at
+// once (ReuseScratch): a run takes the lowest free one, so the same few
+// files are emptied and reused, run after run.
+type scratchSlots struct {
+	mu   sync.Mutex
+	free []int
+	next int
+}
+
+func (s *scratchSlots) take() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.free); n > 0 {
+		slot := s.free[n-1]
+		s.free = s.free[:n-1]
+		return slot
+	}
+	s.next++
+	return s.next - 1
+}
+
+func (s *scratchSlots) put(slot int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free = append(s.free, slot)
+}
+
+// runScratch makes a run's empty scratch files (its outputs, its
+// attributes' answer): its slot's, emptied, when the executor reuses them,
+// else new ones, removed when the run ends.
+type runScratch struct {
+	dir     string
+	item    protocol.WorkItem
+	slots   *scratchSlots // nil: new files
+	slot    int
+	created []string
+}
+
+func (e *ShellExecutor) scratch(dir string, item protocol.WorkItem) *runScratch {
+	s := &runScratch{dir: dir, item: item}
+	if e.ReuseScratch {
+		s.slots, s.slot = &e.slots, e.slots.take()
+	}
+	return s
+}
+
+// empty returns the path of an empty scratch file named after name.
+func (s *runScratch) empty(name, suffix string) (string, error) {
+	if s.slots != nil {
+		path := filepath.Join(s.dir, fmt.Sprintf("%s-%d%s", name, s.slot, suffix))
+		return path, emptyFile(path)
+	}
+	f, err := os.CreateTemp(s.dir, fmt.Sprintf("%s-%d-%d-*%s", name, s.item.RunID, s.item.Attempt, suffix))
+	if err != nil {
+		return "", err
+	}
+	s.created = append(s.created, f.Name())
+	return f.Name(), f.Close()
+}
+
+func (s *runScratch) release() {
+	for _, p := range s.created {
+		_ = os.Remove(p)
+	}
+	if s.slots != nil {
+		s.slots.put(s.slot)
+	}
+}
+
+// emptyFile empties the file at path, creating it if it is not there
+// (the first use of a slot, or a command removed it).
+func emptyFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // readOutputs parses the outputs file (see ShellExecutor).

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -128,6 +129,48 @@ EOF`,
 			assert.Equal(t, c.want, res.Outputs)
 		})
 	}
+}
+
+// TestShellReusesScratchFiles: an agent's executor (ReuseScratch) gives
+// each run the same empty outputs and answer files, emptied of what the
+// last run (or a process killed mid-run) left there, and made again if a
+// command removed them; no file is left per run.
+func TestShellReusesScratchFiles(t *testing.T) {
+	e := newExecutor(t)
+	e.ReuseScratch = true
+	attrs := json.RawMessage(`{"a":1}`)
+	run := func(id int64, cmd string) protocol.RunResult {
+		it := item(`test -f "$ANNEAL_OUTPUTS" && test ! -s "$ANNEAL_OUTPUTS" && test -f "$ANNEAL_ATTRS_OUT" && test ! -s "$ANNEAL_ATTRS_OUT" && ` + cmd)
+		it.RunID, it.Attrs = id, attrs
+		res := e.Execute(context.Background(), it)
+		require.True(t, res.Succeeded(), "error %q, stderr %q", res.Error, res.StderrTail)
+		return res
+	}
+	first := run(1, `echo k=v >> "$ANNEAL_OUTPUTS"; echo '{"b":2}' > "$ANNEAL_ATTRS_OUT"`)
+	assert.Equal(t, map[string]string{"k": "v"}, first.Outputs)
+	assert.JSONEq(t, `{"a":1,"b":2}`, string(first.Attrs))
+	second := run(2, `rm "$ANNEAL_OUTPUTS" "$ANNEAL_ATTRS_OUT"`)
+	assert.Nil(t, second.Outputs)
+	assert.Nil(t, second.Attrs)
+	third := run(3, "true")
+	assert.Nil(t, third.Outputs)
+	files, err := filepath.Glob(filepath.Join(e.WorkDir, "tmp", "*"))
+	require.NoError(t, err)
+	var names []string
+	for _, f := range files {
+		names = append(names, filepath.Base(f))
+	}
+	assert.ElementsMatch(t, []string{"outputs-0", "attrs-out-0.json", filepath.Base(sharedAttrsPath(t, e, attrs))}, names)
+}
+
+// sharedAttrsPath is the $ANNEAL_ATTRS a run sent attrs sees.
+func sharedAttrsPath(t *testing.T, e *daemon.ShellExecutor, attrs json.RawMessage) string {
+	t.Helper()
+	it := item(`echo "path=$ANNEAL_ATTRS" >> "$ANNEAL_OUTPUTS"`)
+	it.RunID, it.Attrs = 99, attrs
+	res := e.Execute(context.Background(), it)
+	require.True(t, res.Succeeded(), res.Error)
+	return res.Outputs["path"]
 }
 
 func TestShellMalformedOutputs(t *testing.T) {
