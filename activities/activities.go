@@ -309,24 +309,43 @@ func (a *Activities) RunDelivery(ctx context.Context, runID int64) (*contract.Ru
 const wakeParallel = 16
 
 // WakeNodes sends SignalRunsFinished to each node workflow named, a few at
-// a time. A node workflow not started yet, or already ended, is skipped:
-// Postgres already holds the states, and a node workflow reads them there
-// when it starts. Sending a wake-up twice (a retry) is harmless.
+// a time. A wake-up is a shortcut: Postgres already holds the states, and
+// a node workflow reads them there when it starts and when its fallback
+// poll fires. So a node workflow not started yet or already ended is
+// skipped, and so is one whose signal the server refuses for good (it is
+// logged); only failures that may pass (the server unavailable or busy)
+// fail the activity, for a retry that sends every wake-up again (harmless:
+// a node takes the same states twice).
 func (a *Activities) WakeNodes(ctx context.Context, in contract.WakeNodes) error {
-	g, gctx := errgroup.WithContext(ctx)
+	var g errgroup.Group
 	g.SetLimit(wakeParallel)
 	for _, w := range in.Wakes {
 		g.Go(func() error {
 			id := contract.NodeWorkflowID(in.TransactionID, w.Node)
-			err := a.Temporal.SignalWorkflow(gctx, id, "", contract.SignalRunsFinished, contract.RunsFinished{States: w.States})
+			err := a.Temporal.SignalWorkflow(ctx, id, "", contract.SignalRunsFinished, contract.RunsFinished{States: w.States})
 			var notFound *serviceerror.NotFound
-			if err != nil && !errors.As(err, &notFound) {
+			switch {
+			case err == nil, errors.As(err, &notFound):
+				return nil
+			case transientTemporal(err):
 				return fmt.Errorf("wake the workflow of node %s (%s): %w", w.Node, id, err)
+			default:
+				a.Log.Warn("a node workflow's wake-up was refused; it reads the states at its next poll", "workflow", id, "error", err)
+				return nil
 			}
-			return nil
 		})
 	}
 	return g.Wait()
+}
+
+// transientTemporal says whether a Temporal call's error may pass if the
+// call is made again.
+func transientTemporal(err error) bool {
+	var unavailable *serviceerror.Unavailable
+	var exhausted *serviceerror.ResourceExhausted
+	var deadline *serviceerror.DeadlineExceeded
+	return errors.As(err, &unavailable) || errors.As(err, &exhausted) || errors.As(err, &deadline) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // CheckRunStates reads runs' states: the fallback when a wake-up from

@@ -486,13 +486,16 @@ func loadedEnv(ts *testsuite.WorkflowTestSuite) *testsuite.TestWorkflowEnvironme
 	return env
 }
 
-// TestWakeNodes signals each node workflow named with its own states; a
-// node workflow that is not there (not started yet, or ended) is skipped,
-// and any other failure fails the activity, naming the node, for a retry.
+// TestWakeNodes signals each node workflow named with its own states. A
+// node workflow that is not there (not started yet, or ended), or whose
+// signal the server refuses for good, is skipped; a failure that may pass
+// fails the activity for a retry, naming the node, and the others are
+// still woken.
 func TestWakeNodes(t *testing.T) {
 	in := contract.WakeNodes{TransactionID: "T", Wakes: []contract.NodeWake{
 		{Node: "a.test", States: map[int64]string{1: contract.RunSucceeded}},
 		{Node: "b.test", States: map[int64]string{1: contract.RunSucceeded, 2: contract.RunFailed}},
+		{Node: "c.test", States: map[int64]string{1: contract.RunSucceeded}},
 	}}
 	for _, tc := range []struct {
 		name  string
@@ -501,16 +504,28 @@ func TestWakeNodes(t *testing.T) {
 	}{
 		{"all woken", nil, ""},
 		{"one not there", serviceerror.NewNotFound("workflow not found"), ""},
+		{"one refused", serviceerror.NewInvalidArgument("too many signals"), ""},
 		{"one unavailable", serviceerror.NewUnavailable("server down"), "wake the workflow of node b.test (tx-T/b.test): server down"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var ts testsuite.WorkflowTestSuite
 			env := ts.NewTestActivityEnvironment()
 			c := &mocks.Client{}
-			c.On("SignalWorkflow", mock.Anything, "tx-T/a.test", "", contract.SignalRunsFinished,
-				contract.RunsFinished{States: in.Wakes[0].States}).Return(nil).Once()
-			c.On("SignalWorkflow", mock.Anything, "tx-T/b.test", "", contract.SignalRunsFinished,
-				contract.RunsFinished{States: in.Wakes[1].States}).Return(tc.bErr).Once()
+			for i, w := range in.Wakes {
+				var err error
+				if i == 1 {
+					err = tc.bErr
+				}
+				call := c.On("SignalWorkflow", mock.Anything, "tx-T/"+w.Node, "", contract.SignalRunsFinished,
+					contract.RunsFinished{States: w.States}).Return(err).Once()
+				if i != 1 {
+					// Slower than b's: a failure of b's must not cut them short.
+					call.Run(func(args mock.Arguments) {
+						time.Sleep(100 * time.Millisecond)
+						assert.NoError(t, args.Get(0).(context.Context).Err(), "signalled with a cancelled context")
+					})
+				}
+			}
 			env.RegisterActivity(&activities.Activities{Temporal: c, Log: quiet})
 			_, err := env.ExecuteActivity(contract.WakeNodesActivity, in)
 			if tc.fails == "" {
@@ -518,7 +533,7 @@ func TestWakeNodes(t *testing.T) {
 			} else {
 				require.ErrorContains(t, err, tc.fails)
 			}
-			c.AssertExpectations(t)
+			c.AssertExpectations(t) // every node was signalled
 		})
 	}
 }

@@ -45,6 +45,8 @@ func TestManyNodesWaitOnOne(t *testing.T) {
 		require.Equal(t, contract.RunSucceeded, hv.State, n)
 		require.NotNil(t, hv.StartedAt, n)
 		assert.False(t, hv.StartedAt.Before(*api.FinishedAt), "hypervisor on %s started before the api finished", n)
+		// Woken, not found by the fallback poll (30 s after it began waiting).
+		assert.Less(t, hv.StartedAt.Sub(*api.FinishedAt), 20*time.Second, "hypervisor on %s started long after the api finished", n)
 	}
 
 	graphID := ans.WorkflowID + "/graph-0"

@@ -158,7 +158,9 @@ type nodeState struct {
 }
 
 // flush waits until every wake-up sent to another node has been delivered
-// (or has failed because that node's workflow is gone, which is harmless).
+// or has failed (that node's workflow gone, or the WakeNodes activity out
+// of attempts): harmless, as a node that misses one reads the states in
+// Postgres.
 func (n *nodeState) flush(ctx workflow.Context) {
 	for _, f := range n.sent {
 		_ = f.Get(ctx, nil)
@@ -364,8 +366,17 @@ func (n *nodeState) tellRemoteKids(ctx workflow.Context, ids []int64) {
 		for _, node := range nodes {
 			in.Wakes = append(in.Wakes, contract.NodeWake{Node: node, States: byNode[node]})
 		}
-		f := workflow.ExecuteActivity(withSummary(stateActivity(ctx), "wake %d node(s) waiting for runs of %s", len(nodes), n.in.NodeName),
-			contract.WakeNodesActivity, in)
+		// A few attempts only: the wake-ups are a shortcut (the nodes poll
+		// Postgres if they miss one), and the workflow does not end before
+		// the activity has.
+		wctx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+			StartToCloseTimeout: 2 * time.Minute,
+			Summary:             fmt.Sprintf("wake %d node(s) waiting for runs of %s", len(nodes), n.in.NodeName),
+			RetryPolicy: &temporal.RetryPolicy{
+				InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 30 * time.Second, MaximumAttempts: 5,
+			},
+		})
+		f := workflow.ExecuteActivity(wctx, contract.WakeNodesActivity, in)
 		n.sent = append(n.sent, f)
 		return
 	}

@@ -2,14 +2,11 @@ package daemon
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models/attrs"
@@ -24,16 +21,13 @@ type attrsFiles struct {
 	in, out string
 }
 
-// newAttrsFiles prepares item's two attributes files in dir; it does
-// nothing for an item without Attrs. The file sent is shared by the runs
-// sent the same attributes (named by their hash; a node's runs mostly
-// are), so that a run need not create one; the answer file is an empty
-// scratch file.
-func newAttrsFiles(dir string, item protocol.WorkItem, scratch *runScratch) (*attrsFiles, error) {
+// newAttrsFiles prepares item's two attributes files, as scratch files of
+// its run; it does nothing for an item without Attrs.
+func newAttrsFiles(item protocol.WorkItem, scratch *runScratch) (*attrsFiles, error) {
 	if item.Attrs == nil {
 		return &attrsFiles{}, nil
 	}
-	in, err := sharedFile(dir, "attrs", ".json", item.Attrs)
+	in, err := scratch.holding("attrs", ".json", item.Attrs, len(item.Redact) > 0)
 	if err != nil {
 		return nil, fmt.Errorf("cannot write attributes file: %v", err)
 	}
@@ -42,32 +36,6 @@ func newAttrsFiles(dir string, item protocol.WorkItem, scratch *runScratch) (*at
 		return nil, fmt.Errorf("cannot create attributes answer file: %v", err)
 	}
 	return &attrsFiles{in: in, out: out}, nil
-}
-
-// sharedFile returns the path of a file in dir holding data, named by its
-// hash: the existing one when it still holds data (a command may have
-// changed it), else a new one, written whole under a temporary name and
-// renamed into place, so that no reader sees it half-written.
-func sharedFile(dir, prefix, suffix string, data []byte) (string, error) {
-	sum := sha256.Sum256(data)
-	path := filepath.Join(dir, prefix+"-"+hex.EncodeToString(sum[:16])+suffix)
-	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
-		return path, nil
-	}
-	tmp, err := os.CreateTemp(dir, prefix+"-*.tmp")
-	if err != nil {
-		return "", err
-	}
-	_, werr := tmp.Write(data)
-	if err := errors.Join(werr, tmp.Close()); err != nil {
-		_ = os.Remove(tmp.Name())
-		return "", err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		_ = os.Remove(tmp.Name())
-		return "", err
-	}
-	return path, nil
 }
 
 func (f *attrsFiles) environ() []string {

@@ -141,11 +141,7 @@ func (c *audreyClient) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := c.path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, c.path)
+	return writeReplacing(c.path, "."+filepath.Base(c.path)+".*.tmp", b, false)
 }
 
 // call sends one request; a network error or a 5xx is retried after Poll.

@@ -2,10 +2,8 @@ package daemon
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 )
 
 // CredentialFile is the name of the credential file inside the work directory.
@@ -44,22 +42,8 @@ func SaveCredential(path string, c Credential) error {
 		return err
 	}
 	data = append(data, '\n')
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".credential-*.json")
-	if err != nil {
-		return fmt.Errorf("saving credential: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op once renamed
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return fmt.Errorf("saving credential: %w", err)
-	}
-	_, werr := tmp.Write(data)
-	serr := tmp.Sync()
-	cerr := tmp.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		return fmt.Errorf("saving credential: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	// CreateTemp makes the file 0600.
+	if err := writeReplacing(path, ".credential-*.json", data, true); err != nil {
 		return fmt.Errorf("saving credential: %w", err)
 	}
 	return nil

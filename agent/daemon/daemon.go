@@ -661,8 +661,9 @@ func (a *agent) recover(ctx context.Context) {
 	if err := a.records.Prune(time.Now().Add(-RecordRetention)); err != nil {
 		a.log.Warn("cannot prune old run records", "error", err)
 	}
-	// The shell's files shared between runs (their attributes) stay until
-	// no run has used them for as long.
+	// The shell's scratch files: shared attributes files (one that is
+	// still in use is written again when next needed) and an earlier
+	// agent process's slots.
 	if err := pruneFiles(scratchDir(a.workDir), time.Now().Add(-RecordRetention)); err != nil {
 		a.log.Warn("cannot prune old scratch files", "error", err)
 	}

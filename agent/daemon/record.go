@@ -210,27 +210,6 @@ func (r *Records) Prune(cutoff time.Time) error {
 	return nil
 }
 
-// pruneFiles removes the regular files in dir last modified before cutoff.
-func pruneFiles(dir string, cutoff time.Time) error {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("list %s: %w", dir, err)
-	}
-	for _, e := range entries {
-		info, err := e.Info()
-		if err != nil || !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) {
-			continue
-		}
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("remove %s: %w", e.Name(), err)
-		}
-	}
-	return nil
-}
-
 // loadRecord reads a record into v: the file's last line that is a whole
 // JSON value (a file written whole is one line). Only a file without any
 // is unreadable: a torn first record, or an empty file.
@@ -267,24 +246,8 @@ func (r *Records) save(path string, v any) error {
 	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
 		return fmt.Errorf("records directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(r.Dir, "."+strings.TrimSuffix(filepath.Base(path), ".json")+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("write record: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
+	if err := writeReplacing(path, "."+strings.TrimSuffix(filepath.Base(path), ".json")+".*.tmp", data, true); err != nil {
 		return fmt.Errorf("write record %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync record %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close record %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("store record %s: %w", path, err)
 	}
 	return r.syncDir()
 }

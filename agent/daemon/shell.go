@@ -56,20 +56,20 @@ var errTimedOut = errors.New("run timed out")
 // ANNEAL_TASK, ANNEAL_TRANSACTION, ANNEAL_GRAPH, ANNEAL_WORKDIR and
 // ANNEAL_OUTPUTS (later ones win). The item's Redact values (its secrets)
 // are replaced with "***" in the log file, the tails, the outputs, the
-// attributes handed back and the error. ANNEAL_OUTPUTS names a fresh empty file;
-// what the command writes there becomes the run's outputs: a JSON object of
-// strings if it starts with "{" (after leading white space), else key=value
-// lines (key and value trimmed of surrounding white space; blank lines and
-// lines starting with # ignored; the last of repeated keys wins). A malformed
-// outputs file fails the run.
+// attributes handed back and the error. ANNEAL_OUTPUTS names an empty file
+// (see ReuseScratch); what the command writes there becomes the run's
+// outputs: a JSON object of strings if it starts with "{" (after leading
+// white space), else key=value lines (key and value trimmed of surrounding
+// white space; blank lines and lines starting with # ignored; the last of
+// repeated keys wins). A malformed outputs file fails the run.
 //
 // A run sent attributes (an item with Attrs: a noderole's run, or a graph
-// task with its node's merged data) also gets ANNEAL_ATTRS, a file
-// holding the attributes it sees as a JSON object (shared by runs sent
-// the same), and ANNEAL_ATTRS_OUT, an empty file: a JSON object written there is deep-merged onto what
-// was sent, and that is what the run hands back (the annealer stores its
-// difference from what was sent as the noderole's wall); left empty, the
-// attributes are unchanged, and nothing is handed back.
+// task with its node's merged data) also gets ANNEAL_ATTRS, a file holding
+// the attributes it sees as a JSON object, and ANNEAL_ATTRS_OUT, an empty
+// file: a JSON object written there is deep-merged onto what was sent, and
+// that is what the run hands back (the annealer stores its difference from
+// what was sent as the noderole's wall); left empty, the attributes are
+// unchanged, and nothing is handed back.
 type ShellExecutor struct {
 	// WorkDir is where commands run and logs are written. Required.
 	WorkDir string
@@ -89,8 +89,10 @@ type ShellExecutor struct {
 	BaseEnv []string
 	// ReuseScratch says this executor is the only one using WorkDir (an
 	// agent's): a run's empty outputs and answer files are then a few
-	// files emptied and reused, not a pair created and removed per run,
-	// which is most of what an agent spends per run besides the command.
+	// files emptied and reused, and runs sent the same attributes without
+	// secrets share one ANNEAL_ATTRS file, instead of three files created
+	// and removed per run, most of what an agent spent per run besides
+	// the command (runScratch).
 	ReuseScratch bool
 
 	slots scratchSlots
@@ -170,7 +172,7 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 		res.Error = fmt.Sprintf("cannot create outputs file: %v", err)
 		return res
 	}
-	attrs, err := newAttrsFiles(tmpDir, item, scratch)
+	attrs, err := newAttrsFiles(item, scratch)
 	if err != nil {
 		res.Error = err.Error()
 		return res
@@ -228,6 +230,12 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	stderrLog.close()
 
 	<-killerDone // when stopping, the group is gone or killed before we report
+	if !stopped && groupAlive(pgid) {
+		// Processes it started in the background still run, and may write
+		// to its outputs or answer file later: once they are read, those
+		// are never reused.
+		defer scratch.retire()
+	}
 
 	var problems []string
 	if stopped {
@@ -403,88 +411,6 @@ func outcome(res protocol.RunResult) string {
 		s += ", error: " + res.Error
 	}
 	return s
-}
-
-// scratchDir is where the shell keeps a run's outputs and attributes files.
-func scratchDir(workDir string) string { return filepath.Join(workDir, "tmp") }
-
-// scratchSlots numbers the sets of scratch files of the runs executing at
-// once (ReuseScratch): a run takes the lowest free one, so the same few
-// files are emptied and reused, run after run.
-type scratchSlots struct {
-	mu   sync.Mutex
-	free []int
-	next int
-}
-
-func (s *scratchSlots) take() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n := len(s.free); n > 0 {
-		slot := s.free[n-1]
-		s.free = s.free[:n-1]
-		return slot
-	}
-	s.next++
-	return s.next - 1
-}
-
-func (s *scratchSlots) put(slot int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.free = append(s.free, slot)
-}
-
-// runScratch makes a run's empty scratch files (its outputs, its
-// attributes' answer): its slot's, emptied, when the executor reuses them,
-// else new ones, removed when the run ends.
-type runScratch struct {
-	dir     string
-	item    protocol.WorkItem
-	slots   *scratchSlots // nil: new files
-	slot    int
-	created []string
-}
-
-func (e *ShellExecutor) scratch(dir string, item protocol.WorkItem) *runScratch {
-	s := &runScratch{dir: dir, item: item}
-	if e.ReuseScratch {
-		s.slots, s.slot = &e.slots, e.slots.take()
-	}
-	return s
-}
-
-// empty returns the path of an empty scratch file named after name.
-func (s *runScratch) empty(name, suffix string) (string, error) {
-	if s.slots != nil {
-		path := filepath.Join(s.dir, fmt.Sprintf("%s-%d%s", name, s.slot, suffix))
-		return path, emptyFile(path)
-	}
-	f, err := os.CreateTemp(s.dir, fmt.Sprintf("%s-%d-%d-*%s", name, s.item.RunID, s.item.Attempt, suffix))
-	if err != nil {
-		return "", err
-	}
-	s.created = append(s.created, f.Name())
-	return f.Name(), f.Close()
-}
-
-func (s *runScratch) release() {
-	for _, p := range s.created {
-		_ = os.Remove(p)
-	}
-	if s.slots != nil {
-		s.slots.put(s.slot)
-	}
-}
-
-// emptyFile empties the file at path, creating it if it is not there
-// (the first use of a slot, or a command removed it).
-func emptyFile(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	return f.Close()
 }
 
 // readOutputs parses the outputs file (see ShellExecutor).

@@ -133,44 +133,78 @@ EOF`,
 
 // TestShellReusesScratchFiles: an agent's executor (ReuseScratch) gives
 // each run the same empty outputs and answer files, emptied of what the
-// last run (or a process killed mid-run) left there, and made again if a
-// command removed them; no file is left per run.
+// last run left there and made again if a command removed them; no file
+// is left per run.
 func TestShellReusesScratchFiles(t *testing.T) {
 	e := newExecutor(t)
 	e.ReuseScratch = true
 	attrs := json.RawMessage(`{"a":1}`)
-	run := func(id int64, cmd string) protocol.RunResult {
-		it := item(`test -f "$ANNEAL_OUTPUTS" && test ! -s "$ANNEAL_OUTPUTS" && test -f "$ANNEAL_ATTRS_OUT" && test ! -s "$ANNEAL_ATTRS_OUT" && ` + cmd)
-		it.RunID, it.Attrs = id, attrs
-		res := e.Execute(context.Background(), it)
-		require.True(t, res.Succeeded(), "error %q, stderr %q", res.Error, res.StderrTail)
-		return res
-	}
-	first := run(1, `echo k=v >> "$ANNEAL_OUTPUTS"; echo '{"b":2}' > "$ANNEAL_ATTRS_OUT"`)
-	assert.Equal(t, map[string]string{"k": "v"}, first.Outputs)
+	first := scratchRun(t, e, 1, attrs, `echo k=v >> "$ANNEAL_OUTPUTS"; echo '{"b":2}' > "$ANNEAL_ATTRS_OUT"`)
+	assert.Equal(t, map[string]string{"k": "v", "out": first.Outputs["out"], "attrs": first.Outputs["attrs"]}, first.Outputs)
 	assert.JSONEq(t, `{"a":1,"b":2}`, string(first.Attrs))
-	second := run(2, `rm "$ANNEAL_OUTPUTS" "$ANNEAL_ATTRS_OUT"`)
-	assert.Nil(t, second.Outputs)
+	second := scratchRun(t, e, 2, attrs, `rm "$ANNEAL_ATTRS_OUT"`)
 	assert.Nil(t, second.Attrs)
-	third := run(3, "true")
-	assert.Nil(t, third.Outputs)
+	third := scratchRun(t, e, 3, attrs, "true")
+	assert.Equal(t, first.Outputs["out"], third.Outputs["out"], "the same outputs file")
+	pid := strconv.Itoa(os.Getpid())
+	assert.ElementsMatch(t, []string{"outputs-" + pid + "-0", "attrs-out-" + pid + "-0.json", filepath.Base(first.Outputs["attrs"])}, scratchFiles(t, e))
+}
+
+// TestShellScratchLeftoversAndLinks: a run that leaves a process behind
+// gives up its slot, so the process's late writes never reach a later run's
+// outputs; a symbolic link planted at a slot's path is replaced, not
+// followed; attributes with secrets go to a file of the run alone.
+func TestShellScratchLeftoversAndLinks(t *testing.T) {
+	e := newExecutor(t)
+	e.ReuseScratch = true
+	first := scratchRun(t, e, 1, nil, `(sleep 1; echo late=1 >> "$ANNEAL_OUTPUTS") >/dev/null 2>&1 &`)
+	second := scratchRun(t, e, 2, nil, "sleep 1.5")
+	assert.NotEqual(t, first.Outputs["out"], second.Outputs["out"], "the first run's slot is retired")
+	assert.Equal(t, map[string]string{"out": second.Outputs["out"]}, second.Outputs, "nothing written late")
+
+	victim := filepath.Join(t.TempDir(), "victim")
+	require.NoError(t, os.WriteFile(victim, []byte("keep me\n"), 0o600))
+	require.NoError(t, os.Remove(second.Outputs["out"]))
+	require.NoError(t, os.Symlink(victim, second.Outputs["out"]))
+	third := scratchRun(t, e, 3, nil, "true")
+	assert.Equal(t, second.Outputs["out"], third.Outputs["out"])
+	kept, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Equal(t, "keep me\n", string(kept))
+
+	it := item(`grep -q s3cret "$ANNEAL_ATTRS" && echo "attrs=$ANNEAL_ATTRS" >> "$ANNEAL_OUTPUTS"`)
+	it.RunID, it.Attrs, it.Redact = 4, json.RawMessage(`{"pw":"s3cret"}`), []string{"s3cret"}
+	res := e.Execute(context.Background(), it)
+	require.True(t, res.Succeeded(), "error %q, stderr %q", res.Error, res.StderrTail)
+	_, err = os.Stat(res.Outputs["attrs"])
+	assert.ErrorIs(t, err, os.ErrNotExist, "the secret's file is removed with its run")
+}
+
+// scratchRun runs cmd after checking that its outputs and answer files are
+// there and empty; its outputs name the files (out, attrs).
+func scratchRun(t *testing.T, e *daemon.ShellExecutor, id int64, attrs json.RawMessage, cmd string) protocol.RunResult {
+	t.Helper()
+	check := `test -f "$ANNEAL_OUTPUTS" && test ! -s "$ANNEAL_OUTPUTS" && echo "out=$ANNEAL_OUTPUTS" >> "$ANNEAL_OUTPUTS" && `
+	if attrs != nil {
+		check += `test -f "$ANNEAL_ATTRS_OUT" && test ! -s "$ANNEAL_ATTRS_OUT" && echo "attrs=$ANNEAL_ATTRS" >> "$ANNEAL_OUTPUTS" && `
+	}
+	it := item(check + cmd)
+	it.RunID, it.Attrs = id, attrs
+	res := e.Execute(context.Background(), it)
+	require.True(t, res.Succeeded(), "error %q, stderr %q", res.Error, res.StderrTail)
+	return res
+}
+
+// scratchFiles lists the executor's scratch directory.
+func scratchFiles(t *testing.T, e *daemon.ShellExecutor) []string {
+	t.Helper()
 	files, err := filepath.Glob(filepath.Join(e.WorkDir, "tmp", "*"))
 	require.NoError(t, err)
 	var names []string
 	for _, f := range files {
 		names = append(names, filepath.Base(f))
 	}
-	assert.ElementsMatch(t, []string{"outputs-0", "attrs-out-0.json", filepath.Base(sharedAttrsPath(t, e, attrs))}, names)
-}
-
-// sharedAttrsPath is the $ANNEAL_ATTRS a run sent attrs sees.
-func sharedAttrsPath(t *testing.T, e *daemon.ShellExecutor, attrs json.RawMessage) string {
-	t.Helper()
-	it := item(`echo "path=$ANNEAL_ATTRS" >> "$ANNEAL_OUTPUTS"`)
-	it.RunID, it.Attrs = 99, attrs
-	res := e.Execute(context.Background(), it)
-	require.True(t, res.Succeeded(), res.Error)
-	return res.Outputs["path"]
+	return names
 }
 
 func TestShellMalformedOutputs(t *testing.T) {

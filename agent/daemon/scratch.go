@@ -1,0 +1,154 @@
+package daemon
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+)
+
+// scratchDir is where the shell keeps a run's outputs and attributes files.
+func scratchDir(workDir string) string { return filepath.Join(workDir, "tmp") }
+
+// scratchSlots numbers the sets of scratch files of the runs executing at
+// once (ReuseScratch): a run takes the lowest free one, so the same few
+// files are emptied and reused, run after run. A slot whose run left
+// processes behind is retired, never handed out again: they may still
+// write to its files.
+type scratchSlots struct {
+	mu   sync.Mutex
+	free []int
+	next int
+}
+
+func (s *scratchSlots) take() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.free); n > 0 {
+		slot := s.free[n-1]
+		s.free = s.free[:n-1]
+		return slot
+	}
+	s.next++
+	return s.next - 1
+}
+
+func (s *scratchSlots) put(slot int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free = append(s.free, slot)
+}
+
+// runScratch makes a run's scratch files: its slot's, emptied, when the
+// executor reuses them (creating files, and removing them, is most of what
+// an agent spends per run besides the command), else new ones, removed
+// when the run ends.
+type runScratch struct {
+	dir     string
+	item    protocol.WorkItem
+	slots   *scratchSlots // nil: new files
+	slot    int
+	retired bool
+	used    []string // slot files
+	created []string // files of this run alone, removed at its end
+}
+
+func (e *ShellExecutor) scratch(dir string, item protocol.WorkItem) *runScratch {
+	s := &runScratch{dir: dir, item: item}
+	if e.ReuseScratch {
+		s.slots, s.slot = &e.slots, e.slots.take()
+	}
+	return s
+}
+
+// empty returns the path of an empty scratch file named after name. A
+// slot's name carries the agent's process id, so that processes a killed
+// agent left behind never write into a later agent's files.
+func (s *runScratch) empty(name, suffix string) (string, error) {
+	if s.slots != nil {
+		path := filepath.Join(s.dir, fmt.Sprintf("%s-%d-%d%s", name, os.Getpid(), s.slot, suffix))
+		s.used = append(s.used, path)
+		return path, emptyFile(path)
+	}
+	f, err := os.CreateTemp(s.dir, fmt.Sprintf("%s-%d-%d-*%s", name, s.item.RunID, s.item.Attempt, suffix))
+	if err != nil {
+		return "", err
+	}
+	s.created = append(s.created, f.Name())
+	return f.Name(), f.Close()
+}
+
+// holding returns the path of a scratch file holding data. Without
+// secrets, and when the executor reuses scratch files, it is a file shared
+// by the runs sent the same data (named by its hash; a node's runs mostly
+// are): the existing one when it still holds data (a command may have
+// changed it), else one written whole under a temporary name and renamed
+// into place, so that no reader sees it half-written. Data with secrets
+// goes to a file of this run alone, removed when it ends.
+func (s *runScratch) holding(name, suffix string, data []byte, secret bool) (string, error) {
+	if s.slots == nil || secret {
+		f, err := os.CreateTemp(s.dir, fmt.Sprintf("%s-%d-%d-*%s", name, s.item.RunID, s.item.Attempt, suffix))
+		if err != nil {
+			return "", err
+		}
+		s.created = append(s.created, f.Name())
+		_, werr := f.Write(data)
+		return f.Name(), errors.Join(werr, f.Close())
+	}
+	sum := sha256.Sum256(data)
+	path := filepath.Join(s.dir, name+"-"+hex.EncodeToString(sum[:16])+suffix)
+	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
+		return path, nil
+	}
+	if err := writeReplacing(path, name+"-*.tmp", data, false); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// retire keeps the run's slot from being handed out again, and removes
+// its files: processes the run left running may still write to them.
+func (s *runScratch) retire() {
+	s.retired = true
+	for _, p := range s.used {
+		_ = os.Remove(p)
+	}
+}
+
+func (s *runScratch) release() {
+	for _, p := range s.created {
+		_ = os.Remove(p)
+	}
+	if s.slots != nil && !s.retired {
+		s.slots.put(s.slot)
+	}
+}
+
+// emptyFile empties the regular file at path, creating it if it is not
+// there (the first use of a slot, or a command removed it). Whatever else
+// a command left at path (a symbolic link, a directory) is removed, never
+// followed.
+func emptyFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err == nil {
+		if info, serr := f.Stat(); serr == nil && info.Mode().IsRegular() {
+			return f.Close()
+		}
+		_ = f.Close() // a FIFO or a device: replaced below
+	}
+	if err := os.RemoveAll(path); err != nil {
+		return err
+	}
+	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
