@@ -146,7 +146,9 @@ func GraphRun(ctx workflow.Context, in contract.GraphInput) (*contract.GraphResu
 }
 
 // runGraph starts a node workflow per planned node, at most
-// MaxNodesInFlight at a time, and waits for all of them.
+// MaxNodesInFlight at a time (and, in a graph of more than
+// nodeStartWindow nodes, at most that many asked for and not yet
+// started), and waits for all of them.
 func runGraph(ctx workflow.Context, in contract.TransactionInput, gi int, gp *contract.GraphPlan) contract.GraphResult {
 	limit := gp.MaxNodesInFlight
 	if limit <= 0 {
