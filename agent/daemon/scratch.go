@@ -77,12 +77,21 @@ func (s *runScratch) empty(name, suffix string) (string, error) {
 		s.used = append(s.used, path)
 		return path, emptyFile(path)
 	}
-	f, err := os.CreateTemp(s.dir, fmt.Sprintf("%s-%d-%d-*%s", name, s.item.RunID, s.item.Attempt, suffix))
+	f, err := s.own(name, suffix)
 	if err != nil {
 		return "", err
 	}
-	s.created = append(s.created, f.Name())
 	return f.Name(), f.Close()
+}
+
+// own creates a scratch file of this run alone, removed when it ends.
+func (s *runScratch) own(name, suffix string) (*os.File, error) {
+	f, err := os.CreateTemp(s.dir, fmt.Sprintf("%s-%d-%d-*%s", name, s.item.RunID, s.item.Attempt, suffix))
+	if err != nil {
+		return nil, err
+	}
+	s.created = append(s.created, f.Name())
+	return f, nil
 }
 
 // holding returns the path of a scratch file holding data. Without
@@ -94,11 +103,10 @@ func (s *runScratch) empty(name, suffix string) (string, error) {
 // goes to a file of this run alone, removed when it ends.
 func (s *runScratch) holding(name, suffix string, data []byte, secret bool) (string, error) {
 	if s.slots == nil || secret {
-		f, err := os.CreateTemp(s.dir, fmt.Sprintf("%s-%d-%d-*%s", name, s.item.RunID, s.item.Attempt, suffix))
+		f, err := s.own(name, suffix)
 		if err != nil {
 			return "", err
 		}
-		s.created = append(s.created, f.Name())
 		_, werr := f.Write(data)
 		return f.Name(), errors.Join(werr, f.Close())
 	}
