@@ -38,11 +38,11 @@ func TestChainsInTheStore(t *testing.T) {
 	assert.Equal(t, setup.ID, *last.ChainHead, "linked to its chain")
 	assert.Nil(t, last.ChainNext, "the last run of the chain")
 
-	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID,
-		protocol.RunResult{Attempt: first.Attempt, Outputs: map[string]string{"url": "http://db"}})
+	setupResult := protocol.RunResult{Attempt: first.Attempt, Outputs: map[string]string{"url": "http://db"}}
+	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, setupResult, time.Minute)
 	require.NoError(t, err)
-	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
-	require.NoError(t, err)
+	assert.True(t, rep.Changed)
+	next, fresh := rep.Next, rep.Fresh
 	require.NotNil(t, next)
 	assert.True(t, fresh, "dispatched for the reporting agent")
 	assert.Equal(t, db.ID, next.ID)
@@ -67,8 +67,10 @@ func TestChainsInTheStore(t *testing.T) {
 
 	// The report sent again (its answer lost): the same run goes back
 	// again, whole, and is no longer the dispatch's to take back.
-	again, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
+	rep, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, setupResult, time.Minute)
 	require.NoError(t, err)
+	assert.False(t, rep.Changed, "the same result")
+	again, fresh := rep.Next, rep.Fresh
 	require.NotNil(t, again)
 	assert.False(t, fresh)
 	assert.Equal(t, 1, again.Attempt, "a repeated report dispatches nothing again")
@@ -114,7 +116,7 @@ func TestChainsInTheStore(t *testing.T) {
 
 // A chain's next run dispatched for the answer to its predecessor's
 // report is taken back when its activity turns out cancelled before that
-// answer goes out (continueChain), although its hand-back acknowledged it.
+// answer goes out (the API's heartbeatChain), although its hand-back acknowledged it.
 func TestHandBackTakenBack(t *testing.T) {
 	f, txn, db, next := handBackOfDB(t, time.Minute)
 	taken, err := f.Store.TakeBackHandBack(f.Ctx, next)
@@ -171,7 +173,7 @@ func TestHandBackOfferedAgainUntilConfirmed(t *testing.T) {
 }
 
 // handBackOfDB dispatches ctl's chain setup -> db, reports setup, and
-// returns db as ContinueChain handed it back (its lease lease).
+// returns db as ReportRun handed it back (its lease lease).
 func handBackOfDB(t *testing.T, lease time.Duration) (f *storetest.Fixture, txn *fuel.Transaction, db models.TaskRun, next *models.TaskRun) {
 	t.Helper()
 	f = storetest.NewFixture(t)
@@ -181,13 +183,11 @@ func handBackOfDB(t *testing.T, lease time.Duration) (f *storetest.Fixture, txn 
 	db = runs["db@"+storetest.CtlName]
 	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
 	require.NoError(t, err)
-	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt}, lease)
 	require.NoError(t, err)
-	next, fresh, err := f.Store.ContinueChain(f.Ctx, rec.Run, lease)
-	require.NoError(t, err)
-	require.NotNil(t, next)
-	require.True(t, fresh)
-	return f, txn, db, next
+	require.NotNil(t, rep.Next)
+	require.True(t, rep.Fresh)
+	return f, txn, db, rep.Next
 }
 
 // A stop cuts a chain: the API then hands out none of its runs not yet
@@ -200,10 +200,51 @@ func TestChainCut(t *testing.T) {
 	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
 	require.NoError(t, err)
 	require.NoError(t, f.Store.CutChain(f.Ctx, setup.ID))
-	rec, err := f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt}, time.Minute)
 	require.NoError(t, err)
-	next, _, err := f.Store.ContinueChain(f.Ctx, rec.Run, time.Minute)
-	require.NoError(t, err)
-	assert.Nil(t, next, "the chain was cut: nothing more is handed out")
+	assert.Nil(t, rep.Next, "the chain was cut: nothing more is handed out")
 	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
+}
+
+// A report is stored whole or not at all (ReportRun): one refused for its
+// log (a chunk past the server's copy) records no result and dispatches
+// nothing; the report sent then stores its log, its result and the
+// chain's next run together; and one refused for its result (the run
+// failed without a report meanwhile) keeps none of the log it carried.
+func TestReportRunWholeOrNothing(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
+	require.NoError(t, err)
+	logged := func(runID int64) string {
+		data, _, err := f.Store.RunLog(f.Ctx, runID, 1, 0)
+		require.NoError(t, err)
+		return string(data)
+	}
+
+	gap := protocol.RunResult{Attempt: first.Attempt, Log: &protocol.RunLogTail{Offset: 5, Data: []byte("late\n")}}
+	_, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, gap, time.Minute)
+	var offset *models.LogOffsetError
+	require.ErrorAs(t, err, &offset)
+	after := f.RunsByLabel(t, txn)
+	assert.Equal(t, contract.RunRunning, after["setup@"+storetest.CtlName].State, "no result recorded")
+	assert.Equal(t, contract.RunPending, after["db@"+storetest.CtlName].State, "nothing dispatched")
+
+	good := protocol.RunResult{Attempt: first.Attempt, Log: &protocol.RunLogTail{Offset: 0, Data: []byte("ran\n")}}
+	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, good, time.Minute)
+	require.NoError(t, err)
+	assert.True(t, rep.Changed)
+	assert.Equal(t, contract.RunSucceeded, rep.Run.State)
+	require.NotNil(t, rep.Next)
+	assert.Equal(t, db.ID, rep.Next.ID)
+	assert.Equal(t, "ran\n", logged(setup.ID))
+
+	require.NoError(t, f.Store.FailRun(f.Ctx, db.ID, "timed out", nil))
+	late := protocol.RunResult{Attempt: rep.Next.Attempt, Log: &protocol.RunLogTail{Offset: 0, Data: []byte("too late\n")}}
+	_, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, db.ID, late, time.Minute)
+	var conflict *models.ConflictError
+	require.ErrorAs(t, err, &conflict)
+	assert.Empty(t, logged(db.ID), "the refused report's log is not kept")
 }

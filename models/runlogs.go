@@ -70,6 +70,12 @@ func (runLogChunk) TableName() string { return "run_log_chunks" }
 // Bytes beyond MaxRunLogBytes are counted but not kept. attempt may be an earlier attempt of the run than its
 // current one (its log may arrive late), never a later one.
 func (s *Store) AppendRunLog(ctx context.Context, nodeID, runID int64, attempt int, offset int64, data []byte) (RunLogState, error) {
+	return appendRunLog(s.DB.WithContext(ctx), nodeID, runID, attempt, offset, data)
+}
+
+// appendRunLog is AppendRunLog on db: inside a database transaction, its
+// own is a savepoint.
+func appendRunLog(db *gorm.DB, nodeID, runID int64, attempt int, offset int64, data []byte) (RunLogState, error) {
 	var st RunLogState
 	if attempt < 1 {
 		return st, &InputError{Status: http.StatusBadRequest, Field: "attempt", Reason: "required: the attempt whose log this is (1 or more)"}
@@ -85,11 +91,11 @@ func (s *Store) AppendRunLog(ctx context.Context, nodeID, runID int64, attempt i
 		// The common case, a short run's whole log in one chunk: one
 		// statement. Anything else (a log begun already, another node's
 		// run, a later attempt) takes the path below, which says why.
-		if ok, err := s.firstLogChunk(ctx, nodeID, runID, attempt, data); err != nil || ok {
+		if ok, err := firstLogChunk(db, nodeID, runID, attempt, data); err != nil || ok {
 			return RunLogState{Size: int64(len(data)), Stored: int64(len(data))}, err
 		}
 	}
-	run, err := s.AgentRun(ctx, nodeID, runID)
+	run, err := agentRun(db, nodeID, runID)
 	if err != nil {
 		return st, err
 	}
@@ -97,7 +103,7 @@ func (s *Store) AppendRunLog(ctx context.Context, nodeID, runID int64, attempt i
 		return st, &InputError{Status: http.StatusConflict, Field: "attempt",
 			Reason: fmt.Sprintf("run %d is at attempt %d, not %d", runID, run.Attempt, attempt)}
 	}
-	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = db.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Clauses(clause.OnConflict{DoNothing: true}).
 			Create(&runLog{RunID: runID, Attempt: attempt, UpdatedAt: time.Now()}).Error; err != nil {
 			return fmt.Errorf("create log of run %d: %w", runID, err)
@@ -217,9 +223,9 @@ func (s *Store) LatestNodeRoleRun(ctx context.Context, nodeRoleID int64) (*TaskR
 // not past the run's, and the log has no row yet; false when it stored
 // nothing. The chunk fits under MaxRunLogBytes (MaxLogChunkBytes is
 // smaller).
-func (s *Store) firstLogChunk(ctx context.Context, nodeID, runID int64, attempt int, data []byte) (bool, error) {
+func firstLogChunk(db *gorm.DB, nodeID, runID int64, attempt int, data []byte) (bool, error) {
 	var stored []int64
-	err := s.DB.WithContext(ctx).Raw(`
+	err := db.Raw(`
 WITH log AS (
   INSERT INTO run_logs (run_id, attempt, size, stored, truncated, updated_at)
   SELECT id, @attempt, @size, @size, false, now() FROM task_runs WHERE id = @run AND node_id = @node AND attempt >= @attempt

@@ -222,7 +222,7 @@ const dispatchColumns = "id, transaction_id, node_id, node_name, task_name, stat
 // lost (the agent killed before it read it, stopped before it started the
 // run, or talking to an older API), the run is offered to the node's
 // polls again once lease has passed, as an unacknowledged one is, and the
-// report sent again hands it back again (ContinueChain). The agent's
+// report sent again hands it back again (ReportRun). The agent's
 // record keeps it from running twice either way; a chain lost meanwhile
 // fails it (EndLostChain), as the agent may have it.
 type chainLink struct {
@@ -293,70 +293,63 @@ func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, check
 	}
 }
 
-// ContinueChain is called when the agent reported run of a chain
-// succeeded: it dispatches the chain's next run, passing over runs LCM
-// skips, handed to that agent (it goes back in the answer to the report,
-// offered again after lease unless the agent confirms it; see chainLink),
-// and says so (fresh). A report repeated after the next run was
+// continueChain is called, inside ReportRun's database transaction,
+// when the agent reported run of a chain succeeded: it dispatches the
+// chain's next run, passing over runs LCM skips, handed to that agent
+// (it goes back in the answer to the report, offered again after lease
+// unless the agent confirms it; see chainLink), and says so (fresh). A report repeated after the next run was
 // dispatched (its answer lost on the way) finds it running and dispatches
 // nothing again: the run goes back in the answer again, whole, and the
 // agent's record of it keeps it from running twice. It returns nil when
 // the chain has ended (its activity is then to be completed).
-func (s *Store) ContinueChain(ctx context.Context, run *TaskRun, lease time.Duration) (next *TaskRun, fresh bool, err error) {
+func continueChain(tx *gorm.DB, run *TaskRun, lease time.Duration) (next *TaskRun, fresh bool, err error) {
 	if run.ChainHead == nil || run.ChainNext == nil || run.State != contract.RunSucceeded {
 		return nil, false, nil
 	}
-	err = s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// Walk to the chain's first run not yet ended well, as a repeated
-		// report must not dispatch anything twice.
-		id := *run.ChainNext
-		for {
-			// Locked, with its node: a cut of the chain (CutChain) waits
-			// for this dispatch, or this sees the cut; and what the
-			// dispatch reads comes in the same round trip.
-			cur, err := lockRunAndNode(tx, id, true)
-			if err != nil {
-				return err
-			}
-			if cur == nil || cur.ChainHead == nil || *cur.ChainHead != *run.ChainHead {
-				return nil // relinked since (another activity holds it), or its node is gone
-			}
-			switch cur.State {
-			case contract.RunRunning:
-				// Already continued by an earlier report. Offered anew:
-				// its claimed_at moves on, so that TakeBackHandBack
-				// leaves it to the agent this answer goes to, and a
-				// hand-back not yet confirmed stays one, its lease renewed.
-				var again []TaskRun
-				if err := tx.Raw(`UPDATE task_runs SET
+	// Walk to the chain's first run not yet ended well, as a repeated
+	// report must not dispatch anything twice.
+	id := *run.ChainNext
+	for {
+		// Locked, with its node: a cut of the chain (CutChain) waits
+		// for this dispatch, or this sees the cut; and what the
+		// dispatch reads comes in the same round trip.
+		cur, err := lockRunAndNode(tx, id, true)
+		if err != nil {
+			return nil, false, err
+		}
+		if cur == nil || cur.ChainHead == nil || *cur.ChainHead != *run.ChainHead {
+			return nil, false, nil // relinked since (another activity holds it), or its node is gone
+		}
+		switch cur.State {
+		case contract.RunRunning:
+			// Already continued by an earlier report. Offered anew:
+			// its claimed_at moves on, so that TakeBackHandBack
+			// leaves it to the agent this answer goes to, and a
+			// hand-back not yet confirmed stays one, its lease renewed.
+			var again []TaskRun
+			if err := tx.Raw(`UPDATE task_runs SET
   acked_at = CASE WHEN acked_at = claimed_at THEN now() ELSE acked_at END,
   lease_until = CASE WHEN acked_at IS NULL OR acked_at = claimed_at THEN now() + make_interval(secs => ?) ELSE lease_until END,
   claimed_at = now(), updated_at = now()
 WHERE id = ? RETURNING *`, ackLeaseOr(lease).Seconds(), id).Scan(&again).Error; err != nil {
-					return fmt.Errorf("hand run %d back again: %w", id, err)
-				}
-				if len(again) == 1 {
-					next = &again[0]
-				}
-				return nil
-			case contract.RunPending:
-				next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, handBack: true, lease: lease}, false, cur)
-				fresh = next != nil
-				return err
-			case contract.RunSucceeded, contract.RunSkipped:
-				if cur.ChainNext == nil {
-					return nil
-				}
-				id = *cur.ChainNext
-			default:
-				return nil
+				return nil, false, fmt.Errorf("hand run %d back again: %w", id, err)
 			}
+			if len(again) == 1 {
+				next = &again[0]
+			}
+			return next, false, nil
+		case contract.RunPending:
+			next, err = dispatchChained(tx, id, run.TaskToken, chainLink{head: *run.ChainHead, handBack: true, lease: lease}, false, cur)
+			return next, next != nil, err
+		case contract.RunSucceeded, contract.RunSkipped:
+			if cur.ChainNext == nil {
+				return nil, false, nil
+			}
+			id = *cur.ChainNext
+		default:
+			return nil, false, nil
 		}
-	})
-	if err != nil {
-		return nil, false, err
 	}
-	return next, fresh, nil
 }
 
 // int64Array writes ids as a Postgres bigint[] literal: a whole list of
@@ -378,7 +371,7 @@ func int64Array(ids []int64) string {
 // and completes the chain's activity when the running one is reported.
 // The workflow calls it when its transaction is stopped during a chain.
 func (s *Store) CutChain(ctx context.Context, head int64) error {
-	// The rows are locked in id order (plan order), as ContinueChain locks
+	// The rows are locked in id order (plan order), as ReportRun locks
 	// them, so that the two never deadlock.
 	if err := s.DB.WithContext(ctx).Exec(`UPDATE task_runs SET chain_head = NULL, chain_next = NULL
 WHERE id IN (SELECT id FROM task_runs WHERE chain_head = ? AND state = ? ORDER BY id FOR UPDATE)`, head, contract.RunPending).Error; err != nil {
@@ -403,7 +396,7 @@ func (s *Store) EndLostChain(ctx context.Context, head int64, reason string) (*c
 			State   string
 			AckedAt *time.Time
 		}
-		// Locked in id order (plan order), as ContinueChain locks them.
+		// Locked in id order (plan order), as ReportRun locks them.
 		if err := tx.Raw("SELECT id, state, acked_at FROM task_runs WHERE chain_head = ? ORDER BY id FOR UPDATE", head).
 			Scan(&rows).Error; err != nil {
 			return fmt.Errorf("lock the chain of run %d: %w", head, err)
@@ -440,7 +433,7 @@ chain_head = NULL, chain_next = NULL, updated_at = now() WHERE id = ?`, contract
 }
 
 // TakeBackHandBack returns a chain's next run, dispatched by
-// ContinueChain for the answer to its predecessor's report (next: the run
+// ReportRun for the answer to its predecessor's report (next: the run
 // as that returned it), to pending, as long as that answer has not gone
 // out: its activity turned out cancelled or gone. It takes the run back
 // only while it is as that dispatch left it (same attempt and claim, not
@@ -619,8 +612,13 @@ func checkResult(res protocol.RunResult) error {
 
 // AgentRun loads a run on behalf of a node's agent, refusing another node's.
 func (s *Store) AgentRun(ctx context.Context, nodeID, runID int64) (*TaskRun, error) {
+	return agentRun(s.DB.WithContext(ctx), nodeID, runID)
+}
+
+// agentRun is AgentRun on db, a transaction or not.
+func agentRun(db *gorm.DB, nodeID, runID int64) (*TaskRun, error) {
 	var run TaskRun
-	err := s.DB.WithContext(ctx).Take(&run, runID).Error
+	err := db.Take(&run, runID).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return nil, NotFound("run", runID)
 	}
@@ -655,6 +653,55 @@ type RecordedResult struct {
 // to say why. The run it returns after that UPDATE holds what was written
 // and the columns of resultReturning; a repeated report's is the whole row.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
+	return s.recordRunResult(s.DB.WithContext(ctx), nodeID, runID, res)
+}
+
+// ReportedRun says what ReportRun did: the result as RecordRunResult
+// records it, and the chain's next run as continueChain dispatches it
+// (Next, nil when the chain ends here or the run is in none).
+type ReportedRun struct {
+	RecordedResult
+	Next  *TaskRun
+	Fresh bool
+}
+
+// ReportRun stores an agent's report of a run of its own node in one
+// database transaction: the end of the run's log the report carries
+// (res.Log; see AppendRunLog), its result (RecordRunResult) and, when the
+// run succeeded in a chain, the dispatch of the chain's next run
+// (continueChain). One commit, not three: each waits for a flush of the
+// write-ahead log, a quarter of Postgres's CPU per run before. A report
+// refused (its log's offset, its attempt, its run no longer running)
+// writes nothing, its log included: the agent then ships the log on its
+// own. The chain's next run is locked after the reported one, in id
+// order, as EndLostChain and CutChain lock a chain's runs.
+func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol.RunResult, lease time.Duration) (*ReportedRun, error) {
+	if err := checkResult(res); err != nil {
+		return nil, err
+	}
+	out := &ReportedRun{}
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if res.Log != nil {
+			if _, err := appendRunLog(tx, nodeID, runID, res.Attempt, res.Log.Offset, res.Log.Data); err != nil {
+				return err
+			}
+		}
+		rec, err := s.recordRunResult(tx, nodeID, runID, res)
+		if err != nil {
+			return err
+		}
+		out.RecordedResult = *rec
+		out.Next, out.Fresh, err = continueChain(tx, rec.Run, lease)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// recordRunResult is RecordRunResult on db, a transaction or not.
+func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
 	if err := checkResult(res); err != nil {
 		return nil, err
 	}
@@ -666,7 +713,6 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 	if finished.IsZero() {
 		finished = Now()
 	}
-	db := s.DB.WithContext(ctx)
 	// The agent redacts the secrets it was sent; the server redacts every
 	// secret of the node's deployment again, whatever the agent did. A
 	// report with no text in it (most succeeded runs) has nothing to

@@ -372,7 +372,7 @@ func (s *Server) agentRunAck(c echo.Context) error {
 	}
 	if run.ChainHead != nil && *run.ChainHead != run.ID {
 		// A chain's run after its first: the chain's activity is
-		// heartbeated by continueChain as often as it needs (each heartbeat
+		// heartbeated by heartbeatChain as often as it needs (each heartbeat
 		// is a write on the Temporal server; the agent's run heartbeats
 		// cover a long run).
 		return c.JSON(http.StatusOK, protocol.RunAckResponse{})
@@ -449,18 +449,25 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	if err := bindRunResult(c, &res); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-	nodeID := principal(c).NodeID
-	if err := s.storeResultLog(ctx, nodeID, runID, res); err != nil {
+	if err := checkResultLog(res); err != nil {
 		return err
 	}
-	rec, err := s.cfg.Store.RecordRunResult(ctx, nodeID, runID, res)
+	ctx := c.Request().Context()
+	rec, err := s.cfg.Store.ReportRun(ctx, principal(c).NodeID, runID, res, s.ackLease())
+	var oe *models.LogOffsetError
+	if errors.As(err, &oe) {
+		// A chunk that starts past what the server has (an earlier
+		// chunk was lost): the agent ships the log in log requests,
+		// from the offset named, then reports again without it.
+		return &models.InputError{Status: http.StatusConflict, Field: "log.offset", Reason: oe.Error(),
+			Details: map[string]any{"offset": oe.Expected}}
+	}
 	if err != nil {
 		return err
 	}
 	run := rec.Run
 	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
-	next, fresh, err := s.continueChain(ctx, run)
+	next, fresh, err := s.heartbeatChain(ctx, run, rec.Next, rec.Fresh)
 	var notFound *serviceerror.NotFound
 	switch {
 	case err != nil && !errors.As(err, &notFound):
@@ -519,14 +526,12 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	return c.JSON(http.StatusOK, protocol.RunResultResponse{RunID: run.ID, State: run.State})
 }
 
-// storeResultLog stores the end of a run's log that its report carries
-// (protocol.RunResult.Log, asked for by WorkItem.LogWithResult), before the
-// result, so that a reader following the log has all of it once the run
-// has ended. A chunk that starts past what the server has (an earlier
-// chunk was lost) is a 409 naming log.offset, with the offset to send
-// from, as on the log route: the report is refused, and the agent ships
-// the log in log requests, then reports again without it.
-func (s *Server) storeResultLog(ctx context.Context, nodeID, runID int64, res protocol.RunResult) error {
+// checkResultLog checks the end of a run's log that its report carries
+// (protocol.RunResult.Log, asked for by WorkItem.LogWithResult): a bad
+// chunk is a 400 naming its field. The store keeps it before the result
+// (models.Store.ReportRun), so that a reader following the log has all of
+// it once the run has ended.
+func checkResultLog(res protocol.RunResult) error {
 	if res.Log == nil {
 		return nil
 	}
@@ -534,18 +539,13 @@ func (s *Server) storeResultLog(ctx context.Context, nodeID, runID int64, res pr
 	if err := res.Log.Validate(); errors.As(err, &fe) {
 		return &models.InputError{Status: http.StatusBadRequest, Field: fe.Field, Reason: fe.Reason}
 	}
-	_, err := s.cfg.Store.AppendRunLog(ctx, nodeID, runID, res.Attempt, res.Log.Offset, res.Log.Data)
-	var oe *models.LogOffsetError
-	if errors.As(err, &oe) {
-		return &models.InputError{Status: http.StatusConflict, Field: "log.offset", Reason: oe.Error(),
-			Details: map[string]any{"offset": oe.Expected}}
-	}
-	return err
+	return nil
 }
 
-// continueChain dispatches the next run of a chain whose run succeeded,
-// then, when a heartbeat is due (chainBeats: one every third of the
-// heartbeat timeout), heartbeats the chain's activity naming it, so that
+// heartbeatChain goes on with the chain of a run whose report dispatched
+// the chain's next run (next, fresh: as models.Store.ReportRun returned
+// them): when a heartbeat is due (chainBeats: one every third of the
+// heartbeat timeout), it heartbeats the chain's activity naming it, so that
 // the Web UI shows a task of the chain that runs now and the answer says
 // whether the chain is still awaited. A chain whose activity was cancelled
 // (the transaction is stopping; the workflow normally cuts the chain
@@ -554,14 +554,13 @@ func (s *Server) storeResultLog(ctx context.Context, nodeID, runID int64, res pr
 // is reported. One whose activity is gone (a *serviceerror.NotFound) takes
 // the dispatch back too: this result came too late. It returns the run
 // the chain goes on with, to go back in the answer (fresh: dispatched
-// now; see models.Store.ContinueChain), or nil when the activity is to be
+// now; see models.Store.ReportRun), or nil when the activity is to be
 // completed now.
-func (s *Server) continueChain(ctx context.Context, run *models.TaskRun) (next *models.TaskRun, fresh bool, err error) {
-	next, fresh, err = s.cfg.Store.ContinueChain(ctx, run, s.ackLease())
-	if err != nil || next == nil || !s.beats.due(*run.ChainHead, time.Now()) {
-		return next, fresh, err
+func (s *Server) heartbeatChain(ctx context.Context, run, next *models.TaskRun, fresh bool) (*models.TaskRun, bool, error) {
+	if next == nil || !s.beats.due(*run.ChainHead, time.Now()) {
+		return next, fresh, nil
 	}
-	err = s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken, runningDetails(next))
+	err := s.cfg.Temporal.RecordActivityHeartbeat(ctx, run.TaskToken, runningDetails(next))
 	var notFound *serviceerror.NotFound
 	gone := errors.As(err, &notFound)
 	switch {
