@@ -240,6 +240,9 @@ type seenOutputs struct {
 // transaction of 20,000 runs has few with outputs, and the walk up the
 // run's ancestors is made only when there are some.
 func loadSeenOutputs(tx *gorm.DB, run *TaskRun) (*seenOutputs, error) {
+	if run.noOutputsSeen {
+		return &seenOutputs{all: []RunOutputs{}}, nil
+	}
 	var rows []struct {
 		TaskName string
 		NodeName string

@@ -183,6 +183,10 @@ type TaskRun struct {
 	// that claimed it for its agent: its work item is built right after,
 	// from the same reading. Not a column.
 	Context *RunContext `json:"-" gorm:"-"`
+	// noOutputsSeen is set by lockRunAndNode when no run of the run's
+	// transaction has left outputs yet: the run sees none, and its
+	// dispatch need not read them (loadSeenOutputs).
+	noOutputsSeen bool
 }
 
 // RunEdge orders two runs: the parent must succeed before the child starts.

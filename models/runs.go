@@ -187,23 +187,35 @@ RETURNING `+returning+`, CASE WHEN @handback THEN true ELSE pg_notify(@channel, 
 // lockRunAndNode locks a run's node (and the run too, when withRun), and
 // reads in the same round trip what dispatching the run needs: its state
 // and chain links, what settling its inputs needs (inputsColumns) and
-// what its work item's context needs. It returns nil for a run without a
+// what its work item's context needs, or that it sees no outputs. It returns nil for a run without a
 // node (deleted since): dispatch then leaves the decision to its UPDATE.
 func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
 	of := "n"
 	if withRun {
 		of = "t, n"
 	}
-	var rows []TaskRun
+	var rows []struct {
+		TaskRun
+		OutputsLeft bool
+	}
+	// Whether any run of its transaction has left outputs yet: the probe
+	// of task_runs_tx_outputs_idx that spares the common dispatch, in a
+	// transaction whose tasks hand over no outputs, the round trip of
+	// loadSeenOutputs. The runs a run sees outputs of ended before it
+	// could be dispatched, so none can appear in between.
 	if err := tx.Raw(`SELECT t.id, t.transaction_id, t.node_id, t.node_name, t.noderole_id, t.task_name, t.graph_type, t.graph_index,
-			t.position, t.state, t.attempt, t.chain_head, t.chain_next, t.inputs_base, t.lcm
+			t.position, t.state, t.attempt, t.chain_head, t.chain_next, t.inputs_base, t.lcm,
+			EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = t.transaction_id
+				AND o.state IN ('succeeded', 'skipped') AND o.outputs <> '{}'::jsonb) AS outputs_left
 		FROM task_runs t JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF `+of, runID).Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("lock the node of run %d: %w", runID, err)
 	}
 	if len(rows) == 0 {
 		return nil, nil
 	}
-	return &rows[0], nil
+	run := rows[0].TaskRun
+	run.noOutputsSeen = !rows[0].OutputsLeft
+	return &run, nil
 }
 
 // dispatchColumns are the columns of a run dispatch returns when the run
