@@ -225,15 +225,8 @@ func (s *Store) LatestNodeRoleRun(ctx context.Context, nodeRoleID int64) (*TaskR
 // smaller).
 func firstLogChunk(db *gorm.DB, nodeID, runID int64, attempt int, data []byte) (bool, error) {
 	var stored []int64
-	err := db.Raw(`
-WITH log AS (
-  INSERT INTO run_logs (run_id, attempt, size, stored, truncated, updated_at)
-  SELECT id, @attempt, @size, @size, false, now() FROM task_runs WHERE id = @run AND node_id = @node AND attempt >= @attempt
-  ON CONFLICT DO NOTHING
-  RETURNING run_id
-)
-INSERT INTO run_log_chunks (run_id, attempt, pos, data) SELECT run_id, @attempt, 0, @data FROM log
-RETURNING run_id`, map[string]any{"attempt": attempt, "size": len(data), "run": runID, "node": nodeID, "data": data}).Scan(&stored).Error
+	err := db.Raw(firstChunkSQL+"SELECT run_id FROM chunk",
+		map[string]any{"attempt": attempt, "size": len(data), "run": runID, "node": nodeID, "data": data}).Scan(&stored).Error
 	if err != nil {
 		return false, fmt.Errorf("store log of run %d: %w", runID, err)
 	}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models/secrets"
@@ -643,15 +642,78 @@ func agentRun(db *gorm.DB, nodeID, runID int64) (*TaskRun, error) {
 	return &run, nil
 }
 
-// resultReturning are the columns RecordRunResult reads back with its
-// UPDATE, besides those it writes: what the API needs to answer the report
-// and go on with the run's chain or activity. A run's spec, attributes and
-// outputs are JSON to decode, and are not needed there.
-var resultReturning = clause.Returning{Columns: []clause.Column{
-	{Name: "id"}, {Name: "transaction_id"}, {Name: "graph_index"}, {Name: "graph_type"}, {Name: "node_id"}, {Name: "node_name"},
-	{Name: "noderole_id"}, {Name: "task_name"}, {Name: "task_type"}, {Name: "position"}, {Name: "attempt"}, {Name: "task_token"},
-	{Name: "chain_head"}, {Name: "chain_next"}, {Name: "started_at"},
-}}
+// resultColumns are the columns RecordRunResult reads back with its
+// UPDATE: what the API needs to answer the report and go on with the
+// run's chain or activity. A run's spec and attributes are JSON to
+// decode, and are not needed there; its outputs and attributes handed
+// back are those just written.
+const resultColumns = `id, transaction_id, graph_index, graph_type, node_id, node_name, noderole_id, task_name, task_type,
+	position, attempt, task_token, chain_head, chain_next, started_at,
+	state, exit_code, error, stdout_tail, stderr_tail, finished_at, updated_at`
+
+// firstChunkSQL stores the first chunk of a run attempt's log, and its
+// log's row, when the run is the node's, the attempt is not past the
+// run's and the log has no row yet: the WITH of the statement of
+// firstLogChunk, and of the result's UPDATE when a report carries the
+// chunk (a round trip fewer per run).
+const firstChunkSQL = `WITH log AS (
+  INSERT INTO run_logs (run_id, attempt, size, stored, truncated, updated_at)
+  SELECT id, @attempt, @size, @size, false, now() FROM task_runs WHERE id = @run AND node_id = @node AND attempt >= @attempt
+  ON CONFLICT DO NOTHING
+  RETURNING run_id
+), chunk AS (
+  INSERT INTO run_log_chunks (run_id, attempt, pos, data) SELECT run_id, @attempt, 0, @data FROM log
+  RETURNING run_id
+)
+`
+
+// updateResult writes a report's result (what run holds) to the run if
+// it is its node's and running at that attempt, and reads resultColumns
+// back into run; changed is false when no row was the one. With chunk,
+// the first chunk of the run's log goes in the same statement, and
+// logStored says whether it was stored (whatever became of the result).
+func updateResult(db *gorm.DB, run *TaskRun, nodeID int64, attempt int, chunk []byte) (changed, logStored bool, err error) {
+	outputs, err := json.Marshal(run.Outputs)
+	if err != nil {
+		return false, false, fmt.Errorf("encode the outputs of run %d: %w", run.ID, err)
+	}
+	var attrs any // NULL when nothing was handed back
+	if run.AttrsOut != nil {
+		raw, err := json.Marshal(run.AttrsOut)
+		if err != nil {
+			return false, false, fmt.Errorf("encode the attributes of run %d: %w", run.ID, err)
+		}
+		attrs = string(raw)
+	}
+	prefix, stored := "", "false"
+	if chunk != nil {
+		prefix, stored = firstChunkSQL, "EXISTS (SELECT 1 FROM chunk)"
+	}
+	var rows []struct {
+		TaskRun
+		LogStored bool
+	}
+	err = db.Raw(prefix+`UPDATE task_runs SET state = @state, exit_code = @exit, outputs = CAST(@outputs AS jsonb), error = @error,
+  stdout_tail = @stdout, stderr_tail = @stderr, finished_at = @finished, updated_at = @updated, attrs_out = CAST(@attrs AS jsonb)
+WHERE id = @run AND node_id = @node AND attempt = @attempt AND state = @running
+RETURNING `+resultColumns+`, `+stored+` AS log_stored`,
+		map[string]any{"state": run.State, "exit": *run.ExitCode, "outputs": string(outputs), "error": run.Error,
+			"stdout": run.StdoutTail, "stderr": run.StderrTail, "finished": *run.FinishedAt, "updated": run.UpdatedAt, "attrs": attrs,
+			"run": run.ID, "node": nodeID, "attempt": attempt, "running": contract.RunRunning,
+			"size": len(chunk), "data": chunk}).Scan(&rows).Error
+	if err != nil {
+		return false, false, fmt.Errorf("record result of run %d: %w", run.ID, err)
+	}
+	if len(rows) == 0 {
+		// No row came back, so the chunk's fate is unknown: the caller's
+		// general path, idempotent by offset, finds out.
+		return false, false, nil
+	}
+	back := rows[0].TaskRun
+	back.Outputs, back.AttrsOut = run.Outputs, run.AttrsOut
+	*run = back
+	return true, rows[0].LogStored, nil
+}
 
 // RecordedResult says what RecordRunResult did.
 type RecordedResult struct {
@@ -663,9 +725,9 @@ type RecordedResult struct {
 // RecordRunResult stores an agent's report of a run of its own node. The
 // common case is one UPDATE; only a refused or repeated report reads the row
 // to say why. The run it returns after that UPDATE holds what was written
-// and the columns of resultReturning; a repeated report's is the whole row.
+// and the columns of resultColumns; a repeated report's is the whole row.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
-	return s.recordRunResult(s.DB.WithContext(ctx), nodeID, runID, res)
+	return s.recordRunResult(s.DB.WithContext(ctx), nodeID, runID, res, false)
 }
 
 // ReportedRun says what ReportRun did: the result as RecordRunResult
@@ -693,12 +755,7 @@ func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol
 	}
 	out := &ReportedRun{}
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if res.Log != nil {
-			if _, err := appendRunLog(tx, nodeID, runID, res.Attempt, res.Log.Offset, res.Log.Data); err != nil {
-				return err
-			}
-		}
-		rec, err := s.recordRunResult(tx, nodeID, runID, res)
+		rec, err := s.recordRunResult(tx, nodeID, runID, res, true)
 		if err != nil {
 			return err
 		}
@@ -713,7 +770,10 @@ func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol
 }
 
 // recordRunResult is RecordRunResult on db, a transaction or not.
-func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
+// With withLog, it stores the end of the run's log the report carries too
+// (res.Log; see AppendRunLog), the first chunk of a log in the same
+// statement as the result.
+func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.RunResult, withLog bool) (*RecordedResult, error) {
 	if err := checkResult(res); err != nil {
 		return nil, err
 	}
@@ -747,7 +807,6 @@ func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.R
 	}
 	// attrs_out is written either way: nil (nothing handed back, the
 	// attributes unchanged) must not leave an earlier attempt's.
-	cols := []string{"state", "exit_code", "outputs", "error", "stdout_tail", "stderr_tail", "finished_at", "updated_at", "attrs_out"}
 	if res.Attrs != nil {
 		var back map[string]any
 		if err := json.Unmarshal(res.Attrs, &back); err != nil || back == nil {
@@ -755,18 +814,27 @@ func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.R
 		}
 		run.AttrsOut, _ = red.Value(stripNULMap(back)).(map[string]any)
 	}
-	upd := db.Model(&run).Clauses(resultReturning).
-		Where("node_id = ? AND attempt = ? AND state = ?", nodeID, res.Attempt, contract.RunRunning).
-		Select(cols).
-		Updates(&run)
-	if upd.Error != nil {
-		return nil, fmt.Errorf("record result of run %d: %w", runID, upd.Error)
+	var chunk []byte // the first chunk of the run's log, stored with the result
+	if withLog && res.Log != nil && res.Log.Offset == 0 && len(res.Log.Data) > 0 && len(res.Log.Data) <= MaxLogChunkBytes {
+		chunk = res.Log.Data
 	}
-	if upd.RowsAffected == 1 {
+	changed, logStored, err := updateResult(db, &run, nodeID, res.Attempt, chunk)
+	if err != nil {
+		return nil, err
+	}
+	if withLog && res.Log != nil && !logStored {
+		// A log begun already, or a report refused or repeated: the
+		// general path, idempotent by offset, stores what is new or
+		// says why not, before the result's refusal is looked into.
+		if _, err := appendRunLog(db, nodeID, runID, res.Attempt, res.Log.Offset, res.Log.Data); err != nil {
+			return nil, err
+		}
+	}
+	if changed {
 		return &RecordedResult{Run: &run, Changed: true}, nil
 	}
 	var cur TaskRun
-	err := db.Take(&cur, runID).Error
+	err = db.Take(&cur, runID).Error
 	switch {
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		return nil, NotFound("run", runID)
