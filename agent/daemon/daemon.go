@@ -172,6 +172,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	defer a.records.Close() // the run journal, opened at its first use
 	// The agent's context is cancelled with a cause: errAgentStopping when
 	// the caller's ctx ends, a *fatalError when the agent must stop.
 	actx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -272,6 +273,8 @@ func newAgent(cfg Config) (*agent, error) {
 		records:  &Records{Dir: filepath.Join(workDir, RecordsDir)},
 		active:   map[runKey]struct{}{},
 	}
+	// A compaction of the run journal that fails is logged, not fatal.
+	a.records.Logger = a.log
 	a.api = &HTTPTransport{
 		BaseURL:   cfg.APIURL,
 		Client:    cfg.HTTPClient,
@@ -510,7 +513,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	// record is written before the acknowledgement: one that said
 	// "received" would be treated exactly as no record at all (the command
 	// has not started, so running it later is safe), and each record
-	// written costs two fsyncs. The first record is "started", written
+	// written costs a sync. The first record is "started", written
 	// before the command starts.
 	rec = &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
 		NodeRoleID: item.NodeRoleID, Type: item.Type, Phase: PhaseStarted}

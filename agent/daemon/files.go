@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -30,8 +31,10 @@ func writeReplacing(path, pattern string, data []byte, durable bool) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// pruneFiles removes the regular files in dir last modified before cutoff.
-func pruneFiles(dir string, cutoff time.Time) error {
+// pruneFiles removes the regular files in dir last modified before cutoff,
+// but for those named in keep (a file that is appended to, not replaced,
+// can be old and still hold what must be kept).
+func pruneFiles(dir string, cutoff time.Time, keep ...string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -41,7 +44,7 @@ func pruneFiles(dir string, cutoff time.Time) error {
 	}
 	for _, e := range entries {
 		info, err := e.Info()
-		if err != nil || !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) {
+		if err != nil || !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) || slices.Contains(keep, e.Name()) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {

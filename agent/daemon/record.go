@@ -5,28 +5,64 @@ package daemon
 // acknowledges it, so the same run and attempt may arrive twice (an answer
 // lost on the way, a server restarted between claim and response, an agent
 // restarted before it acknowledged). Once it has acknowledged a run, just
-// before the command starts, the agent writes
-// <WorkDir>/records/run-<id>.<attempt>.json marked started (a new file,
-// written and synced, and the directory synced), and it appends the result
-// there as a new line when the command ends (written and synced): the
-// record is the file's last readable line. A run offered again is
-// therefore never executed twice: its stored result is reported again,
-// or, when a previous agent process died while running it, it is reported
-// as failed with that reason. A new attempt (a retry decided by the
-// server) has a new number and a record of its own. Software deployment
-// rounds keep the same kind of record, software-<id>.<round>.json,
-// replaced whole at each phase (a temporary file renamed over it).
+// before the command starts, the agent appends the run's record marked
+// started to its journal, <WorkDir>/records/runs.journal, and when the
+// command ends it appends the record again with the result. Each append is
+// one line of JSON, written and fdatasynced before the agent goes on; an
+// attempt's record is its last line in the journal. A run offered again is
+// therefore never executed twice: its stored result is reported again, or,
+// when a previous agent process died while running it, it is reported as
+// failed with that reason. A new attempt (a retry decided by the server)
+// has a new number and a record of its own.
+//
+// One journal rather than a file per attempt: creating a file per run cost
+// an inode (on ext4 without a journal, a scan of the recently freed ones
+// each time), a sync of the file and one of the directory, and appending
+// the result another sync; the journal costs one fdatasync per record and
+// no new file. In memory the agent keeps where each attempt's last line is
+// (with its phase and time), not the records: results carry output tails,
+// and a busy node keeps a week of them.
+//
+// A crash while a line is appended leaves it torn at the journal's end. The
+// next process reading the journal cuts it off before it appends, and the
+// attempt's line before it stands. The command starts only once its started
+// line is synced, so a torn started line means the command never started
+// (as with no record, running it is safe), and a torn finished line leaves
+// the started one: the run is reported interrupted, as if the crash had
+// come just before. No torn or unreadable line stops the agent.
+//
+// The journal stays small: Prune, at the agent's start, and the agent
+// itself whenever the journal grows past Records.CompactSize, rewrite it
+// with only the last line of each attempt that is recent (RecordRetention)
+// or still started.
+//
+// Agents before the journal kept a file per attempt, run-<id>.<attempt>.json
+// (RunRecordPath), whose last whole line was the record; such a file is
+// still read when the journal knows nothing of that attempt, so an agent
+// upgraded in place honours them, and Prune removes it once it is old.
+// Software deployment rounds keep a record each, software-<id>.<round>.json,
+// replaced whole at each phase (a temporary file renamed over it): they are
+// rare, and stay out of the journal.
 
 import (
+	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 )
@@ -34,6 +70,13 @@ import (
 // RecordsDir is the directory, under the work directory, of the agent's
 // durable records of runs and software deployment rounds.
 const RecordsDir = "records"
+
+// JournalFile is the name of the run journal in the records directory.
+const JournalFile = "runs.journal"
+
+// DefaultCompactSize is the journal size past which it is compacted, when
+// Records.CompactSize is not set.
+const DefaultCompactSize = 16 << 20
 
 // RecordRetention is how long finished records are kept: far longer than
 // any run stays offered.
@@ -79,12 +122,48 @@ type SoftwareRecord struct {
 	Signal    *protocol.SoftwareSignal `json:"signal,omitempty"`
 }
 
-// Records reads and writes the agent's durable records in Dir.
+// Records reads and writes the agent's durable records in Dir. The run
+// journal is opened on first use; a Records is safe for concurrent use.
 type Records struct {
 	Dir string
+	// CompactSize is the journal size past which an append compacts it
+	// (see Prune), or past twice its size after the last compaction if
+	// that is more, so that a journal of recent records alone is not
+	// rewritten at every append; default DefaultCompactSize.
+	CompactSize int64
+	// Logger logs a compaction that failed after an append (the append
+	// itself stands); default slog.Default().
+	Logger *slog.Logger
+
+	mu sync.Mutex
+	j  *journal // nil until first used, and after an error that leaves the open file in doubt
 }
 
-// RunRecordPath returns where the record of a run's attempt is kept.
+// journal is the open run journal and what the agent knows of it.
+type journal struct {
+	f    *os.File    // read and appended to (O_APPEND)
+	info os.FileInfo // to notice the journal replaced under another Records
+	// index holds where each attempt's last line is.
+	index map[runKey]journalEntry
+	// end is the offset just past the last whole line read; lines is how
+	// many whole lines there are before it, superseded, unreadable or not.
+	end   int64
+	lines int
+	// compactAt is the size past which the next append compacts it.
+	compactAt int64
+}
+
+// journalEntry is where an attempt's last line is in the journal, and what
+// compaction and Unfinished need to know of it without reading it.
+type journalEntry struct {
+	off     int64
+	n       int // the line's length, without its newline
+	phase   string
+	updated time.Time
+}
+
+// RunRecordPath returns where agents before the journal kept the record of
+// a run's attempt, a file of its own that is still read (see LoadRun).
 func (r *Records) RunRecordPath(runID int64, attempt int) string {
 	return filepath.Join(r.Dir, fmt.Sprintf("run-%d.%d.json", runID, attempt))
 }
@@ -94,8 +173,20 @@ func (r *Records) SoftwareRecordPath(id int64, round int) string {
 	return filepath.Join(r.Dir, fmt.Sprintf("software-%d.%d.json", id, round))
 }
 
-// LoadRun returns the record of a run's attempt, or nil if there is none.
+// LoadRun returns the record of a run's attempt, or nil if there is none:
+// its last line in the journal, else the record file an older agent wrote
+// (see RunRecordPath). An error means the record exists but cannot be
+// read, or whether it exists is unknown.
 func (r *Records) LoadRun(runID int64, attempt int) (*RunRecord, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, err := r.current()
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := j.index[runKey{runID, attempt}]; ok {
+		return j.record(e)
+	}
 	var rec RunRecord
 	ok, err := loadRecord(r.RunRecordPath(runID, attempt), &rec)
 	if !ok || err != nil {
@@ -104,66 +195,41 @@ func (r *Records) LoadRun(runID int64, attempt int) (*RunRecord, error) {
 	return &rec, nil
 }
 
-// SaveRun stores a run record durably: appended to the attempt's record
-// file as a new line, written and synced, which saves the temporary file,
-// rename and directory sync a replacement costs. A crash while it is
-// written leaves a torn last line, and the line before it (the run
-// started) stands: the run is reported interrupted, as if the crash had
-// come just before. Without a record file yet, it is CreateRun.
+// SaveRun stores a run record durably: one line appended to the journal
+// and fdatasynced before it returns. A crash while it is written leaves a
+// torn line that the next reading of the journal drops, so the attempt's
+// line before it stands (see the file's comment).
 func (r *Records) SaveRun(rec *RunRecord) error {
-	path := r.RunRecordPath(rec.RunID, rec.Attempt)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	if errors.Is(err, fs.ErrNotExist) {
-		return r.CreateRun(rec)
-	}
-	if err != nil {
-		return fmt.Errorf("write record %s: %w", path, err)
-	}
 	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
 	data, err := json.Marshal(rec)
 	if err != nil {
-		f.Close()
 		return fmt.Errorf("encode record: %w", err)
 	}
-	// A line of its own even after a record an older agent wrote whole,
-	// without a newline at its end.
-	line := append(append([]byte{'\n'}, data...), '\n')
-	_, werr := f.Write(line)
-	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
-		return fmt.Errorf("write record %s: %w", path, err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, err := r.current()
+	if err != nil {
+		return err
+	}
+	if err := j.append(data); err != nil {
+		// A line may be half written: the journal is read again, and
+		// the torn line cut off, before the next append.
+		r.closeJournal()
+		return fmt.Errorf("write record of run %d attempt %d to %s: %w", rec.RunID, rec.Attempt, r.journalPath(), err)
+	}
+	if j.end > j.compactAt {
+		if err := r.compact(j, time.Now().Add(-RecordRetention)); err != nil {
+			r.logger().Warn("cannot compact the run journal; it goes on growing", "journal", r.journalPath(), "error", err)
+		}
 	}
 	return nil
 }
 
-// CreateRun stores the first record of a run's attempt durably: written in
-// place (a new file, synced, and the directory synced), without the
-// temporary file renamed over a record that a replacement needs. A crash
-// while it is written leaves a torn record, which reads as unreadable, so
-// the run is reported failed rather than run (see runItem). A record that
-// exists already (one an earlier agent wrote) gets it appended, as
-// SaveRun does.
+// CreateRun stores the first record of a run's attempt durably. In the
+// journal that is an append as any other (see SaveRun): the attempt's
+// record is its last line, whatever an older agent wrote before it.
 func (r *Records) CreateRun(rec *RunRecord) error {
-	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
-	path := r.RunRecordPath(rec.RunID, rec.Attempt)
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("encode record: %w", err)
-	}
-	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
-		return fmt.Errorf("records directory: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return r.SaveRun(rec)
-	}
-	if err != nil {
-		return fmt.Errorf("write record %s: %w", path, err)
-	}
-	_, werr := f.Write(append(data, '\n'))
-	if err := errors.Join(werr, f.Sync(), f.Close()); err != nil {
-		return fmt.Errorf("write record %s: %w", path, err)
-	}
-	return r.syncDir()
+	return r.SaveRun(rec)
 }
 
 // LoadSoftware returns the record of a deployment round, or nil.
@@ -183,31 +249,296 @@ func (r *Records) SaveSoftware(rec *SoftwareRecord) error {
 }
 
 // Unfinished lists the run records whose command started and never
-// finished: a previous agent process died while running them.
+// finished: a previous agent process died while running them. Older
+// agents' record files count too, unless the journal has a later record
+// of the same attempt.
 func (r *Records) Unfinished() ([]*RunRecord, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, err := r.current()
+	if err != nil {
+		return nil, err
+	}
+	var out []*RunRecord
+	for _, e := range j.entries() {
+		if e.phase != PhaseStarted {
+			continue
+		}
+		rec, err := j.record(e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
 	paths, err := filepath.Glob(filepath.Join(r.Dir, "run-*.json"))
 	if err != nil {
 		return nil, fmt.Errorf("list run records: %w", err)
 	}
-	var out []*RunRecord
 	for _, p := range paths {
 		var rec RunRecord
 		if ok, err := loadRecord(p, &rec); err != nil || !ok {
 			continue // an unreadable record is dealt with if its run comes again
 		}
-		if rec.Phase == PhaseStarted {
+		if _, inJournal := j.index[runKey{rec.RunID, rec.Attempt}]; rec.Phase == PhaseStarted && !inJournal {
 			out = append(out, &rec)
 		}
 	}
 	return out, nil
 }
 
-// Prune removes records last written before cutoff.
+// Prune drops the records last written before cutoff: the journal is
+// compacted (see compact), and older agents' record files and software
+// round records are removed.
 func (r *Records) Prune(cutoff time.Time) error {
-	if err := pruneFiles(r.Dir, cutoff); err != nil {
+	r.mu.Lock()
+	j, err := r.current()
+	if err == nil {
+		err = r.compact(j, cutoff)
+	}
+	r.mu.Unlock()
+	if err := errors.Join(err, pruneFiles(r.Dir, cutoff, JournalFile)); err != nil {
 		return fmt.Errorf("prune old records: %w", err)
 	}
 	return nil
+}
+
+// Close closes the journal. A Records used after Close opens it again.
+func (r *Records) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.j == nil {
+		return nil
+	}
+	err := r.j.f.Close()
+	r.j = nil
+	if err != nil {
+		return fmt.Errorf("close %s: %w", r.journalPath(), err)
+	}
+	return nil
+}
+
+func (r *Records) journalPath() string { return filepath.Join(r.Dir, JournalFile) }
+
+func (r *Records) logger() *slog.Logger {
+	if r.Logger != nil {
+		return r.Logger
+	}
+	return slog.Default()
+}
+
+// open returns the journal, opened and read on first use: created if
+// there is none (mode 0600, in a directory of mode 0700), a torn last line
+// cut off. The directory and its parent are synced at each opening, so
+// that the journal's name, new or renamed by a compaction, survives a
+// crash before anything is appended to it. The caller holds mu.
+func (r *Records) open() (*journal, error) {
+	if r.j != nil {
+		return r.j, nil
+	}
+	path := r.journalPath()
+	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("records directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	j := &journal{f: f, index: map[runKey]journalEntry{}, compactAt: r.compactSize()}
+	torn, err := j.read()
+	if err == nil && torn > 0 {
+		// Cut off before anything is appended after it, so that the
+		// next line is a line of its own, and the torn one is never
+		// read as part of it.
+		err = f.Truncate(j.end)
+	}
+	if err == nil {
+		j.info, err = f.Stat()
+	}
+	if err == nil {
+		err = errors.Join(syncDir(r.Dir), syncDir(filepath.Dir(r.Dir)))
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	r.j = j
+	return j, nil
+}
+
+// current is open, caught up with the journal on disk: the lines another
+// Records on the same directory appended are read, and a journal it
+// replaced (a compaction), removed or shortened is opened again. An agent
+// is its journal's only writer, but a test or a tool may append a record
+// while it runs: this costs a stat per use, little next to an fdatasync.
+// The caller holds mu.
+func (r *Records) current() (*journal, error) {
+	j, err := r.open()
+	if err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(r.journalPath())
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || (err == nil && (!os.SameFile(st, j.info) || st.Size() < j.end)):
+		r.closeJournal()
+		return r.open()
+	case err != nil:
+		return nil, fmt.Errorf("read %s: %w", r.journalPath(), err)
+	case st.Size() > j.end:
+		if _, err := j.read(); err != nil {
+			r.closeJournal()
+			return nil, fmt.Errorf("read %s: %w", r.journalPath(), err)
+		}
+	}
+	return j, nil
+}
+
+// closeJournal forgets the open journal; the next use opens it again. The
+// caller holds mu.
+func (r *Records) closeJournal() {
+	if r.j != nil {
+		r.j.f.Close()
+		r.j = nil
+	}
+}
+
+func (r *Records) compactSize() int64 {
+	if r.CompactSize > 0 {
+		return r.CompactSize
+	}
+	return DefaultCompactSize
+}
+
+// compact rewrites the journal with the last line of each attempt written
+// at or after cutoff, or still started whatever its age (a run that a dead
+// agent left, to report interrupted, or one running now): superseded
+// lines, unreadable ones and old records go. The new journal is written
+// whole and synced, renamed over the old one, and opened anew (which syncs
+// the directory) before anything is appended to it. A journal with
+// nothing to drop is left as it is. The caller holds mu.
+func (r *Records) compact(j *journal, cutoff time.Time) error {
+	var keep []journalEntry
+	for _, e := range j.entries() {
+		if e.phase == PhaseStarted || !e.updated.Before(cutoff) {
+			keep = append(keep, e)
+		}
+	}
+	if len(keep) == j.lines {
+		j.compactAt = max(r.compactSize(), 2*j.end)
+		return nil
+	}
+	var data []byte
+	for _, e := range keep {
+		line, err := j.line(e)
+		if err != nil {
+			return err
+		}
+		data = append(append(data, line...), '\n')
+	}
+	path := r.journalPath()
+	if err := writeReplacing(path, "."+JournalFile+".*.tmp", data, true); err != nil {
+		return fmt.Errorf("compact %s: %w", path, err)
+	}
+	// The open file is the journal replaced: whatever happens next, the
+	// next use opens the new one.
+	r.closeJournal()
+	nj, err := r.open()
+	if err != nil {
+		return fmt.Errorf("compact %s: %w", path, err)
+	}
+	nj.compactAt = max(r.compactSize(), 2*nj.end)
+	return nil
+}
+
+// read reads the journal's whole lines from j.end on into the index, and
+// returns how many bytes follow the last one: a line torn by a crash, or
+// (under another Records) one being appended.
+func (j *journal) read() (tail int64, err error) {
+	br := bufio.NewReaderSize(io.NewSectionReader(j.f, j.end, math.MaxInt64-j.end), 64<<10)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err == io.EOF {
+			return int64(len(line)), nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		j.add(j.end, line[:len(line)-1])
+		j.end += int64(len(line))
+		j.lines++
+	}
+}
+
+// add indexes the line at off as its attempt's last. A line that is not a
+// record (garbled) is skipped; compaction drops it.
+func (j *journal) add(off int64, line []byte) {
+	var h struct {
+		RunID     int64     `json:"run_id"`
+		Attempt   int       `json:"attempt"`
+		Phase     string    `json:"phase"`
+		UpdatedAt time.Time `json:"updated_at"`
+	}
+	if json.Unmarshal(line, &h) != nil {
+		return
+	}
+	j.index[runKey{h.RunID, h.Attempt}] = journalEntry{off: off, n: len(line), phase: h.Phase, updated: h.UpdatedAt}
+}
+
+// append writes data as a line at the journal's end and syncs it. Where
+// the line went is what the file offset says after the write (on Linux, the
+// end of what an O_APPEND write wrote): should another Records have
+// appended since the journal was last read, its lines are read too.
+func (j *journal) append(data []byte) error {
+	line := append(data, '\n')
+	if _, err := j.f.Write(line); err != nil {
+		return err
+	}
+	end, err := j.f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return err
+	}
+	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
+		return fmt.Errorf("fdatasync: %w", err)
+	}
+	if off := end - int64(len(line)); off != j.end {
+		_, err := j.read()
+		return err
+	}
+	j.add(j.end, data)
+	j.end = end
+	j.lines++
+	return nil
+}
+
+// line reads an entry's line.
+func (j *journal) line(e journalEntry) ([]byte, error) {
+	line := make([]byte, e.n)
+	if _, err := j.f.ReadAt(line, e.off); err != nil {
+		return nil, fmt.Errorf("read %s at %d: %w", j.f.Name(), e.off, err)
+	}
+	return line, nil
+}
+
+// record reads and decodes an entry's line.
+func (j *journal) record(e journalEntry) (*RunRecord, error) {
+	line, err := j.line(e)
+	if err != nil {
+		return nil, err
+	}
+	var rec RunRecord
+	if err := json.Unmarshal(line, &rec); err != nil {
+		return nil, fmt.Errorf("record in %s at %d is unreadable: %w", j.f.Name(), e.off, err)
+	}
+	return &rec, nil
+}
+
+// entries returns the index's entries in the journal's order.
+func (j *journal) entries() []journalEntry {
+	out := make([]journalEntry, 0, len(j.index))
+	for _, e := range j.index {
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b journalEntry) int { return cmp.Compare(a.off, b.off) })
+	return out
 }
 
 // loadRecord reads a record into v: the file's last line that is a whole
@@ -249,19 +580,19 @@ func (r *Records) save(path string, v any) error {
 	if err := writeReplacing(path, "."+strings.TrimSuffix(filepath.Base(path), ".json")+".*.tmp", data, true); err != nil {
 		return fmt.Errorf("write record %s: %w", path, err)
 	}
-	return r.syncDir()
+	return syncDir(r.Dir)
 }
 
-// syncDir syncs the records directory, so that a file created or renamed
-// in it survives a crash.
-func (r *Records) syncDir() error {
-	d, err := os.Open(r.Dir)
+// syncDir syncs a directory, so that a file created or renamed in it
+// survives a crash.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("sync records directory: %w", err)
+		return fmt.Errorf("sync directory %s: %w", dir, err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync records directory: %w", err)
+		return fmt.Errorf("sync directory %s: %w", dir, err)
 	}
 	return nil
 }

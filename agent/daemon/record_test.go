@@ -1,10 +1,14 @@
 package daemon_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -198,9 +202,10 @@ func TestSoftwareRoundAppliedOnce(t *testing.T) {
 	assert.Equal(t, 1, countLines(t, count), "the interrupted round is not applied again")
 }
 
-// CreateRun writes a run's first record in place, private and readable; a
-// record already there (an earlier agent's "received") is replaced; a torn
-// record reads as an error, never as no record.
+// CreateRun appends a run's first record to the journal, private and
+// readable, and no file of its own; a record already there (an earlier
+// agent's "received") is superseded; an older agent's torn record file
+// reads as an error, never as no record.
 func TestCreateRunRecord(t *testing.T) {
 	recs := &daemon.Records{Dir: filepath.Join(t.TempDir(), daemon.RecordsDir)}
 	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 90, Attempt: 1, Task: "t", Phase: daemon.PhaseStarted}))
@@ -209,9 +214,10 @@ func TestCreateRunRecord(t *testing.T) {
 	require.NotNil(t, got)
 	assert.Equal(t, daemon.PhaseStarted, got.Phase)
 	assert.Equal(t, os.Getpid(), got.PID)
-	st, err := os.Stat(recs.RunRecordPath(90, 1))
+	st, err := os.Stat(filepath.Join(recs.Dir, daemon.JournalFile))
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	assert.NoFileExists(t, recs.RunRecordPath(90, 1), "no file per attempt")
 
 	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 91, Attempt: 1, Phase: daemon.PhaseReceived}))
 	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 91, Attempt: 1, Phase: daemon.PhaseStarted}))
@@ -220,19 +226,21 @@ func TestCreateRunRecord(t *testing.T) {
 	assert.Equal(t, daemon.PhaseStarted, got.Phase, "replaced")
 	entries, err := os.ReadDir(recs.Dir)
 	require.NoError(t, err)
-	assert.Len(t, entries, 2, "no temporary file left behind")
+	require.Len(t, entries, 1, "the journal alone, no temporary file left behind")
+	assert.Equal(t, daemon.JournalFile, entries[0].Name())
+	assert.Len(t, journalLines(t, recs.Dir), 3, "one line per record")
 
 	require.NoError(t, os.WriteFile(recs.RunRecordPath(92, 1), []byte(`{"run_id": 92, "attempt": 1, "pha`), 0o600))
 	_, err = recs.LoadRun(92, 1)
 	assert.Error(t, err, "a torn record is unreadable")
 }
 
-// The result is appended to a run's record: the last whole line is the
-// record, a torn last line (a crash while it was appended) leaves the one
-// before it, and a record an older agent wrote whole (no newline at its
-// end) takes an appended line too.
+// The result is appended to the journal: an attempt's record is its last
+// line; a torn last line (a crash while it was appended) leaves the line
+// before it, and is cut off so that the next append is a line of its own.
 func TestRunRecordAppends(t *testing.T) {
-	recs := &daemon.Records{Dir: filepath.Join(t.TempDir(), daemon.RecordsDir)}
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	recs := &daemon.Records{Dir: dir}
 	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 94, Attempt: 1, Phase: daemon.PhaseStarted}))
 	res := protocol.RunResult{Attempt: 1, ExitCode: 3}
 	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 94, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
@@ -241,15 +249,15 @@ func TestRunRecordAppends(t *testing.T) {
 	assert.Equal(t, daemon.PhaseFinished, got.Phase)
 	require.NotNil(t, got.Result)
 	assert.Equal(t, 3, got.Result.ExitCode)
-	entries, err := os.ReadDir(recs.Dir)
-	require.NoError(t, err)
-	assert.Len(t, entries, 1, "one file per attempt, nothing renamed")
+	assert.Len(t, journalLines(t, dir), 2)
+	require.NoError(t, recs.Close())
 
 	// A crash while the result was appended: the run started, and no more.
-	path := recs.RunRecordPath(94, 1)
+	path := filepath.Join(dir, daemon.JournalFile)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, data[:len(data)-10], 0o600))
+	recs = &daemon.Records{Dir: dir}
 	got, err = recs.LoadRun(94, 1)
 	require.NoError(t, err)
 	assert.Equal(t, daemon.PhaseStarted, got.Phase)
@@ -259,17 +267,347 @@ func TestRunRecordAppends(t *testing.T) {
 	require.Len(t, unfinished, 1)
 	assert.Equal(t, int64(94), unfinished[0].RunID)
 
-	// An older agent's record, written whole without a newline.
-	require.NoError(t, os.WriteFile(recs.RunRecordPath(95, 1), []byte(`{"run_id": 95, "attempt": 1, "phase": "started"}`), 0o600))
-	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 95, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
-	got, err = recs.LoadRun(95, 1)
+	// The next record is whole, and so is every line.
+	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 97, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
+	require.NoError(t, recs.Close())
+	assert.Len(t, journalLines(t, dir), 2, "the torn line is gone")
+	recs = &daemon.Records{Dir: dir}
+	got, err = recs.LoadRun(97, 1)
 	require.NoError(t, err)
+	require.NotNil(t, got)
 	assert.Equal(t, daemon.PhaseFinished, got.Phase)
+	got, err = recs.LoadRun(94, 1)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.PhaseStarted, got.Phase)
 
-	// Nothing whole at all is unreadable, as an empty file is.
-	require.NoError(t, os.WriteFile(recs.RunRecordPath(96, 1), nil, 0o600))
-	_, err = recs.LoadRun(96, 1)
-	assert.Error(t, err)
+	// A crash while a run's first record was appended: its command never
+	// started (it starts once the record is synced), so there is no record.
+	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 98, Attempt: 1, Phase: daemon.PhaseStarted}))
+	require.NoError(t, recs.Close())
+	data, err = os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, data[:len(data)-10], 0o600))
+	recs = &daemon.Records{Dir: dir}
+	got, err = recs.LoadRun(98, 1)
+	require.NoError(t, err)
+	assert.Nil(t, got)
+	unfinished, err = recs.Unfinished()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{94}, runIDs(unfinished))
+}
+
+// Records outlive the Records that wrote them: a new one on the same
+// directory (the next agent process) finds every attempt's last record,
+// and the runs left started.
+func TestRecordsSurviveReopening(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	recs := &daemon.Records{Dir: dir}
+	res := protocol.RunResult{Attempt: 2, ExitCode: 7, StdoutTail: "tail\n"}
+	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 1, Attempt: 2, Task: "one", Phase: daemon.PhaseStarted}))
+	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 2, Attempt: 1, Task: "two", Phase: daemon.PhaseStarted}))
+	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 1, Attempt: 2, Task: "one", Phase: daemon.PhaseFinished, Result: &res}))
+	require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: 3, Attempt: 1, Task: "three", Phase: daemon.PhaseStarted}))
+	require.NoError(t, recs.Close())
+
+	recs = &daemon.Records{Dir: dir}
+	got, err := recs.LoadRun(1, 2)
+	require.NoError(t, err)
+	require.NotNil(t, got)
+	assert.Equal(t, daemon.PhaseFinished, got.Phase)
+	assert.Equal(t, "one", got.Task)
+	assert.Equal(t, res, *got.Result)
+	got, err = recs.LoadRun(1, 1)
+	require.NoError(t, err)
+	assert.Nil(t, got, "another attempt has no record")
+	unfinished, err := recs.Unfinished()
+	require.NoError(t, err)
+	require.Len(t, unfinished, 2)
+	assert.Equal(t, []string{"two", "three"}, []string{unfinished[0].Task, unfinished[1].Task})
+}
+
+// A Records reads what another one on the same directory wrote since it
+// opened the journal (a record written by hand while the agent runs), even
+// after a compaction replaced the file.
+func TestRecordsSeeAnotherWriter(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	agent, other := &daemon.Records{Dir: dir}, &daemon.Records{Dir: dir}
+	require.NoError(t, agent.CreateRun(&daemon.RunRecord{RunID: 1, Attempt: 1, Phase: daemon.PhaseStarted}))
+	require.NoError(t, other.SaveRun(&daemon.RunRecord{RunID: 2, Attempt: 1, Phase: daemon.PhaseStarted}))
+	assert.Equal(t, daemon.PhaseStarted, phaseOf(t, agent, 2), "appended by the other")
+	require.NoError(t, agent.SaveRun(&daemon.RunRecord{RunID: 3, Attempt: 1, Phase: daemon.PhaseFinished}))
+	assert.Equal(t, daemon.PhaseFinished, phaseOf(t, agent, 3), "its own line, after the other's")
+
+	require.NoError(t, other.Prune(time.Now().Add(time.Hour)))        // drops 3, rewrites the journal
+	long := protocol.RunResult{StdoutTail: strings.Repeat("x", 1000)} // the new file outgrows the old
+	require.NoError(t, other.SaveRun(&daemon.RunRecord{RunID: 5, Attempt: 1, Phase: daemon.PhaseFinished, Result: &long}))
+	assert.Equal(t, daemon.PhaseFinished, phaseOf(t, agent, 5), "the compacted journal is read")
+	assert.Empty(t, phaseOf(t, agent, 3), "the compacted journal is read")
+	require.NoError(t, agent.SaveRun(&daemon.RunRecord{RunID: 4, Attempt: 1, Phase: daemon.PhaseStarted}))
+	assert.Equal(t, daemon.PhaseStarted, phaseOf(t, other, 4), "appended to the new journal, not the replaced one")
+}
+
+// An agent upgraded in place reads the record files its previous version
+// wrote, one per attempt, the last whole line the record: a finished one
+// gives its result, a started one is unfinished until the journal has a
+// later record of it, one with no whole line is unreadable. Prune removes
+// the old ones and keeps the journal, however old it is.
+func TestLegacyRunRecordFiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	recs := &daemon.Records{Dir: dir}
+	legacy := func(runID int64, content string) { writeRecordFile(t, recs, runID, content) }
+	legacy(10, `{"run_id": 10, "attempt": 1, "phase": "started"}`+"\n"+
+		`{"run_id": 10, "attempt": 1, "phase": "finished", "result": {"attempt": 1, "exit_code": 4}}`+"\n")
+	legacy(11, `{"run_id": 11, "attempt": 1, "phase": "started"}`) // whole, without a newline
+	legacy(12, `{"run_id": 12, "attempt": 1, "phase": "started"}`+"\n"+`{"run_id": 12, "attempt": 1, "pha`)
+	legacy(13, `{"run_id": 13, "attempt": 1, "pha`)
+	legacy(14, "")
+
+	got, err := recs.LoadRun(10, 1)
+	require.NoError(t, err)
+	require.NotNil(t, got.Result)
+	assert.Equal(t, 4, got.Result.ExitCode)
+	got, err = recs.LoadRun(12, 1)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.PhaseStarted, got.Phase, "the line before a torn one stands")
+	for _, id := range []int64{13, 14} {
+		_, err = recs.LoadRun(id, 1)
+		assert.Error(t, err, "run %d: no whole record", id)
+	}
+	unfinished, err := recs.Unfinished()
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []int64{11, 12}, runIDs(unfinished))
+
+	res := protocol.RunResult{Attempt: 1, ExitCode: -1, Error: "interrupted"}
+	require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: 11, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
+	got, err = recs.LoadRun(11, 1)
+	require.NoError(t, err)
+	assert.Equal(t, daemon.PhaseFinished, got.Phase, "the journal's record is the later one")
+	unfinished, err = recs.Unfinished()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{12}, runIDs(unfinished))
+	assert.Equal(t, `{"run_id": 11, "attempt": 1, "phase": "started"}`, readFile(t, recs.RunRecordPath(11, 1)),
+		"new records go to the journal")
+
+	// Eight days later, nothing written since.
+	old := time.Now().Add(-daemon.RecordRetention - 24*time.Hour)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		require.NoError(t, os.Chtimes(filepath.Join(dir, e.Name()), old, old))
+	}
+	require.NoError(t, recs.Prune(time.Now().Add(-daemon.RecordRetention)))
+	entries, err = os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	assert.Equal(t, daemon.JournalFile, entries[0].Name())
+	got, err = recs.LoadRun(11, 1)
+	require.NoError(t, err)
+	assert.NotNil(t, got, "a recent record in an old journal is kept")
+}
+
+// Compaction keeps the last record of each attempt written after the
+// cutoff and every record still started, however old, and drops the rest:
+// superseded lines, garbled ones, old records.
+func TestPruneCompactsJournal(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	old, recent := time.Now().Add(-8*24*time.Hour).UTC(), time.Now().Add(-time.Hour).UTC()
+	res := &protocol.RunResult{Attempt: 1}
+	writeJournal(t, dir, []string{
+		recordLine(t, daemon.RunRecord{RunID: 200, Attempt: 1, Phase: daemon.PhaseStarted, UpdatedAt: old}),
+		recordLine(t, daemon.RunRecord{RunID: 200, Attempt: 1, Phase: daemon.PhaseFinished, UpdatedAt: old, Result: res}),
+		recordLine(t, daemon.RunRecord{RunID: 201, Attempt: 1, Phase: daemon.PhaseStarted, UpdatedAt: old}),
+		recordLine(t, daemon.RunRecord{RunID: 202, Attempt: 1, Phase: daemon.PhaseStarted, UpdatedAt: recent}),
+		`not a record`,
+		recordLine(t, daemon.RunRecord{RunID: 202, Attempt: 1, Phase: daemon.PhaseFinished, UpdatedAt: recent, Result: res}),
+		recordLine(t, daemon.RunRecord{RunID: 203, Attempt: 1, Phase: daemon.PhaseReceived, UpdatedAt: old}),
+	})
+	recs := &daemon.Records{Dir: dir}
+	require.NoError(t, recs.Prune(time.Now().Add(-daemon.RecordRetention)))
+	lines := journalLines(t, dir)
+	assert.Len(t, lines, 2)
+
+	recs = &daemon.Records{Dir: dir}
+	for id, phase := range map[int64]string{200: "", 201: daemon.PhaseStarted, 202: daemon.PhaseFinished, 203: ""} {
+		assert.Equal(t, phase, phaseOf(t, recs, id), "run %d", id)
+	}
+	unfinished, err := recs.Unfinished()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{201}, runIDs(unfinished))
+}
+
+// The journal compacts itself as it grows past CompactSize, keeping what
+// Prune keeps, and a journal of recent records alone is not rewritten at
+// every append: the next compaction waits until it has doubled.
+func TestJournalCompactsWhenLarge(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	old := time.Now().Add(-8 * 24 * time.Hour).UTC()
+	writeJournal(t, dir, []string{
+		recordLine(t, daemon.RunRecord{RunID: 1, Attempt: 1, Phase: daemon.PhaseFinished, UpdatedAt: old, Result: &protocol.RunResult{}}),
+		recordLine(t, daemon.RunRecord{RunID: 2, Attempt: 1, Phase: daemon.PhaseStarted, UpdatedAt: old}),
+	})
+	recs := &daemon.Records{Dir: dir, CompactSize: 4096}
+	path := filepath.Join(dir, daemon.JournalFile)
+	var ino uint64
+	compactions := 0 // the file replaced (inodes are reused: only a change counts)
+	const runs = 300
+	for id := int64(100); id < 100+runs; id++ {
+		require.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: id, Attempt: 1, Phase: daemon.PhaseStarted}))
+		res := protocol.RunResult{Attempt: 1, StdoutTail: strings.Repeat("x", 100)}
+		require.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: id, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
+		st, err := os.Stat(path)
+		require.NoError(t, err)
+		if i := st.Sys().(*syscall.Stat_t).Ino; i != ino {
+			compactions++
+			ino = i
+		}
+	}
+	assert.Greater(t, compactions, 3, "compacted")
+	assert.Less(t, compactions, 15, "not at every append")
+
+	lines := journalLines(t, dir)
+	assert.Less(t, len(lines), 2*runs, "superseded lines dropped")
+	recs = &daemon.Records{Dir: dir}
+	got, err := recs.LoadRun(1, 1)
+	require.NoError(t, err)
+	assert.Nil(t, got, "an old finished record is dropped")
+	unfinished, err := recs.Unfinished()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{2}, runIDs(unfinished), "an old started one is kept")
+	for id := int64(100); id < 100+runs; id++ {
+		got, err := recs.LoadRun(id, 1)
+		require.NoError(t, err)
+		require.NotNil(t, got, "run %d", id)
+		assert.Equal(t, daemon.PhaseFinished, got.Phase)
+	}
+}
+
+// Runs record from several goroutines at once (the work loop, the
+// software loop, a report of an interrupted run) while the journal
+// compacts itself; every record stands.
+func TestConcurrentSaveRun(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	recs := &daemon.Records{Dir: dir, CompactSize: 8192}
+	const goroutines, each = 8, 40
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				id := int64(g*1000 + i)
+				assert.NoError(t, recs.CreateRun(&daemon.RunRecord{RunID: id, Attempt: 1, Phase: daemon.PhaseStarted}))
+				got, err := recs.LoadRun(id, 1)
+				if assert.NoError(t, err) && assert.NotNil(t, got) {
+					assert.Equal(t, daemon.PhaseStarted, got.Phase)
+				}
+				res := protocol.RunResult{Attempt: 1, ExitCode: g}
+				assert.NoError(t, recs.SaveRun(&daemon.RunRecord{RunID: id, Attempt: 1, Phase: daemon.PhaseFinished, Result: &res}))
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, recs.Close())
+
+	journalLines(t, dir)
+	recs = &daemon.Records{Dir: dir}
+	for g := range goroutines {
+		for i := range each {
+			got, err := recs.LoadRun(int64(g*1000+i), 1)
+			require.NoError(t, err)
+			require.NotNil(t, got)
+			assert.Equal(t, daemon.PhaseFinished, got.Phase)
+			assert.Equal(t, g, got.Result.ExitCode)
+		}
+	}
+	unfinished, err := recs.Unfinished()
+	require.NoError(t, err)
+	assert.Empty(t, unfinished)
+}
+
+// An agent upgraded in place honours its previous version's record files:
+// a finished run offered again gets its stored result, a started one is
+// reported interrupted, a torn one failed, and none runs.
+func TestUpgradedAgentHonoursRecordFiles(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	count := filepath.Join(t.TempDir(), "count")
+	recs := &daemon.Records{Dir: filepath.Join(dir, daemon.RecordsDir)}
+	writeRecordFile(t, recs, 110, `{"run_id": 110, "attempt": 1, "phase": "started"}`+"\n"+
+		`{"run_id": 110, "attempt": 1, "phase": "finished", "result": {"attempt": 1, "exit_code": 6, "stdout_tail": "stored\n"}}`+"\n")
+	writeRecordFile(t, recs, 111, `{"run_id": 111, "attempt": 1, "task": "task111", "phase": "started"}`+"\n")
+	writeRecordFile(t, recs, 112, `{"run_id": 112, "attempt": 1, "pha`)
+
+	start(t, testConfig(t, f, dir))
+	failed := f.waitResults(t, 111, 1)[0]
+	assert.Contains(t, failed.Error, "interrupted: the agent")
+	f.push(work(110, 1, appendCmd(count)), work(111, 1, appendCmd(count)), work(112, 1, appendCmd(count)))
+	stored := f.waitResults(t, 110, 1)[0]
+	assert.Equal(t, 6, stored.ExitCode)
+	assert.Equal(t, "stored\n", stored.StdoutTail)
+	assert.Equal(t, failed, f.waitResults(t, 111, 2)[1])
+	assert.Contains(t, f.waitResults(t, 112, 1)[0].Error, "record of this run is unreadable")
+	assert.Equal(t, 0, countLines(t, count), "none of them runs")
+}
+
+// journalLines returns the journal's lines in dir, each checked to be a
+// whole record ending with a newline.
+func journalLines(t *testing.T, dir string) []string {
+	t.Helper()
+	data := readFile(t, filepath.Join(dir, daemon.JournalFile))
+	require.True(t, strings.HasSuffix(data, "\n"), "the journal ends with a whole line")
+	lines := strings.Split(strings.TrimSuffix(data, "\n"), "\n")
+	for _, l := range lines {
+		var rec daemon.RunRecord
+		require.NoError(t, json.Unmarshal([]byte(l), &rec), "line %q", l)
+	}
+	return lines
+}
+
+// writeRecordFile writes a run's record file as agents before the journal
+// did, one per attempt.
+func writeRecordFile(t *testing.T, recs *daemon.Records, runID int64, content string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(recs.Dir, 0o700))
+	require.NoError(t, os.WriteFile(recs.RunRecordPath(runID, 1), []byte(content), 0o600))
+}
+
+// writeJournal writes a journal by hand, as an earlier process left it.
+func writeJournal(t *testing.T, dir string, lines []string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, daemon.JournalFile), []byte(strings.Join(lines, "\n")+"\n"), 0o600))
+}
+
+func recordLine(t *testing.T, rec daemon.RunRecord) string {
+	t.Helper()
+	data, err := json.Marshal(rec)
+	require.NoError(t, err)
+	return string(data)
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(data)
+}
+
+// phaseOf returns the phase of the record of a run's first attempt, ""
+// when there is none.
+func phaseOf(t *testing.T, recs *daemon.Records, runID int64) string {
+	t.Helper()
+	rec, err := recs.LoadRun(runID, 1)
+	require.NoError(t, err)
+	if rec == nil {
+		return ""
+	}
+	return rec.Phase
+}
+
+func runIDs(recs []*daemon.RunRecord) []int64 {
+	var ids []int64
+	for _, r := range recs {
+		ids = append(ids, r.RunID)
+	}
+	return ids
 }
 
 // A torn record (a crash while it was first written) is never read as "not
