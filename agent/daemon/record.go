@@ -219,6 +219,9 @@ func (r *Records) SaveRun(rec *RunRecord) error {
 	}
 	if j.end > j.compactAt {
 		if err := r.compact(j, time.Now().Add(-RecordRetention)); err != nil {
+			// Tried again once the journal has doubled, not at every
+			// append (a full disk would make each one a rewrite).
+			j.compactAt = 2 * j.end
 			r.logger().Warn("cannot compact the run journal; it goes on growing", "journal", r.journalPath(), "error", err)
 		}
 	}
