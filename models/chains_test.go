@@ -240,8 +240,30 @@ func TestReportRunWholeOrNothing(t *testing.T) {
 	require.NotNil(t, rep.Next)
 	assert.Equal(t, db.ID, rep.Next.ID)
 	assert.Equal(t, "ran\n", logged(setup.ID))
+	// No run of the transaction left outputs: the dispatch read none
+	// (the lock's probe), and its inputs hash covers none.
+	require.NotNil(t, rep.Next.Context)
+	assert.NotNil(t, rep.Next.Context.Outputs)
+	assert.Empty(t, rep.Next.Context.Outputs)
+	assert.Equal(t, models.InputsHash(rep.Next.InputsBase, nil), rep.Next.InputsHash)
 
+	// The same report with more of the log (a log begun already: the
+	// general path, a savepoint inside the report's transaction) stores
+	// the rest and changes nothing else.
+	more := protocol.RunResult{Attempt: first.Attempt, Log: &protocol.RunLogTail{Offset: 4, Data: []byte("more\n")}}
+	again, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, more, time.Minute)
+	require.NoError(t, err)
+	assert.False(t, again.Changed)
+	assert.Equal(t, "ran\nmore\n", logged(setup.ID))
+
+	// The next run failed without a report meanwhile: a late report with
+	// a gap in its log is refused for its log first (the agent ships it
+	// on its own, then reports again), and then for its result, keeping
+	// none of its log.
 	require.NoError(t, f.Store.FailRun(f.Ctx, db.ID, "timed out", nil))
+	gapLate := protocol.RunResult{Attempt: rep.Next.Attempt, Log: &protocol.RunLogTail{Offset: 5, Data: []byte("late\n")}}
+	_, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, db.ID, gapLate, time.Minute)
+	require.ErrorAs(t, err, &offset)
 	late := protocol.RunResult{Attempt: rep.Next.Attempt, Log: &protocol.RunLogTail{Offset: 0, Data: []byte("too late\n")}}
 	_, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, db.ID, late, time.Minute)
 	var conflict *models.ConflictError

@@ -200,8 +200,10 @@ func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
 	// Whether any run of its transaction has left outputs yet: the probe
 	// of task_runs_tx_outputs_idx that spares the common dispatch, in a
 	// transaction whose tasks hand over no outputs, the round trip of
-	// loadSeenOutputs. The runs a run sees outputs of ended before it
-	// could be dispatched, so none can appear in between.
+	// loadSeenOutputs. The EXISTS reads the snapshot taken before the
+	// wait for the locks; that is enough, as the runs whose outputs a run
+	// sees ended before it could be dispatched: committed by then, or
+	// written earlier in the same transaction (ReportRun).
 	if err := tx.Raw(`SELECT t.id, t.transaction_id, t.node_id, t.node_name, t.noderole_id, t.task_name, t.graph_type, t.graph_index,
 			t.position, t.state, t.attempt, t.chain_head, t.chain_next, t.inputs_base, t.lcm,
 			EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = t.transaction_id
@@ -643,13 +645,11 @@ func agentRun(db *gorm.DB, nodeID, runID int64) (*TaskRun, error) {
 }
 
 // resultColumns are the columns RecordRunResult reads back with its
-// UPDATE: what the API needs to answer the report and go on with the
-// run's chain or activity. A run's spec and attributes are JSON to
-// decode, and are not needed there; its outputs and attributes handed
-// back are those just written.
+// UPDATE, besides those it writes: what the API needs to answer the report
+// and go on with the run's chain or activity. A run's spec and attributes
+// are JSON to decode, and are not needed there.
 const resultColumns = `id, transaction_id, graph_index, graph_type, node_id, node_name, noderole_id, task_name, task_type,
-	position, attempt, task_token, chain_head, chain_next, started_at,
-	state, exit_code, error, stdout_tail, stderr_tail, finished_at, updated_at`
+	position, attempt, task_token, chain_head, chain_next, started_at`
 
 // firstChunkSQL stores the first chunk of a run attempt's log, and its
 // log's row, when the run is the node's, the attempt is not past the
@@ -709,8 +709,10 @@ RETURNING `+resultColumns+`, `+stored+` AS log_stored`,
 		// general path, idempotent by offset, finds out.
 		return false, false, nil
 	}
+	// What was written is in run already; the rest comes back.
 	back := rows[0].TaskRun
-	back.Outputs, back.AttrsOut = run.Outputs, run.AttrsOut
+	back.State, back.ExitCode, back.Outputs, back.Error = run.State, run.ExitCode, run.Outputs, run.Error
+	back.StdoutTail, back.StderrTail, back.FinishedAt, back.UpdatedAt, back.AttrsOut = run.StdoutTail, run.StderrTail, run.FinishedAt, run.UpdatedAt, run.AttrsOut
 	*run = back
 	return true, rows[0].LogStored, nil
 }
@@ -727,6 +729,9 @@ type RecordedResult struct {
 // to say why. The run it returns after that UPDATE holds what was written
 // and the columns of resultColumns; a repeated report's is the whole row.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
+	if err := checkResult(res); err != nil {
+		return nil, err
+	}
 	return s.recordRunResult(s.DB.WithContext(ctx), nodeID, runID, res, false)
 }
 
@@ -735,7 +740,10 @@ func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res pr
 // (Next, nil when the chain ends here or the run is in none).
 type ReportedRun struct {
 	RecordedResult
-	Next  *TaskRun
+	// Next is the chain's run dispatched to go back in the answer.
+	Next *TaskRun
+	// Fresh is true when Next was dispatched by this report, false
+	// when an earlier report of the same result had (handed back again).
 	Fresh bool
 }
 
@@ -769,14 +777,12 @@ func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol
 	return out, nil
 }
 
-// recordRunResult is RecordRunResult on db, a transaction or not.
+// recordRunResult is RecordRunResult on db, a transaction or not, for a
+// report checkResult passed.
 // With withLog, it stores the end of the run's log the report carries too
 // (res.Log; see AppendRunLog), the first chunk of a log in the same
 // statement as the result.
 func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.RunResult, withLog bool) (*RecordedResult, error) {
-	if err := checkResult(res); err != nil {
-		return nil, err
-	}
 	state := contract.RunSucceeded
 	if !res.Succeeded() {
 		state = contract.RunFailed

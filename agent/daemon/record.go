@@ -211,13 +211,15 @@ func (r *Records) SaveRun(rec *RunRecord) error {
 	if err != nil {
 		return err
 	}
-	if err := j.append(data); err != nil {
+	if err := j.append(data, rec); err != nil {
 		// A line may be half written: the journal is read again, and
 		// the torn line cut off, before the next append.
 		r.closeJournal()
 		return fmt.Errorf("write record of run %d attempt %d to %s: %w", rec.RunID, rec.Attempt, r.journalPath(), err)
 	}
-	if j.end > j.compactAt {
+	// Compacted after a result, not between a run's acknowledgement and
+	// the start of its command.
+	if rec.Phase != PhaseStarted && j.end > j.compactAt {
 		if err := r.compact(j, time.Now().Add(-RecordRetention)); err != nil {
 			// Tried again once the journal has doubled, not at every
 			// append (a full disk would make each one a rewrite).
@@ -269,7 +271,10 @@ func (r *Records) Unfinished() ([]*RunRecord, error) {
 		}
 		rec, err := j.record(e)
 		if err != nil {
-			return nil, err
+			// One bad record does not keep the others from being
+			// reported; its run, offered again, is dealt with then.
+			r.logger().Warn("a started run's record in the journal is unreadable", "journal", r.journalPath(), "error", err)
+			continue
 		}
 		out = append(out, rec)
 	}
@@ -346,7 +351,7 @@ func (r *Records) open() (*journal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	j := &journal{f: f, index: map[runKey]journalEntry{}, compactAt: r.compactSize()}
+	j := &journal{f: f, index: map[runKey]journalEntry{}}
 	torn, err := j.read()
 	if err == nil && torn > 0 {
 		// Cut off before anything is appended after it, so that the
@@ -360,6 +365,10 @@ func (r *Records) open() (*journal, error) {
 	if err == nil {
 		err = errors.Join(syncDir(r.Dir), syncDir(filepath.Dir(r.Dir)))
 	}
+	// Not before it has doubled: a journal opened again after a write
+	// failed keeps the back-off of a compaction that failed (a full disk),
+	// and Prune compacts it at the agent's start anyway.
+	j.compactAt = max(r.compactSize(), 2*j.end)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -486,11 +495,12 @@ func (j *journal) add(off int64, line []byte) {
 	j.index[runKey{h.RunID, h.Attempt}] = journalEntry{off: off, n: len(line), phase: h.Phase, updated: h.UpdatedAt}
 }
 
-// append writes data as a line at the journal's end and syncs it. Where
-// the line went is what the file offset says after the write (on Linux, the
-// end of what an O_APPEND write wrote): should another Records have
-// appended since the journal was last read, its lines are read too.
-func (j *journal) append(data []byte) error {
+// append writes data, rec encoded, as a line at the journal's end and
+// syncs it. Where the line went is what the file offset says after the
+// write (on Linux, the end of what an O_APPEND write wrote): should
+// another Records have appended since the journal was last read, its
+// lines are read too.
+func (j *journal) append(data []byte, rec *RunRecord) error {
 	line := append(data, '\n')
 	if _, err := j.f.Write(line); err != nil {
 		return err
@@ -506,7 +516,9 @@ func (j *journal) append(data []byte) error {
 		_, err := j.read()
 		return err
 	}
-	j.add(j.end, data)
+	// Indexed from rec: decoding the line again would scan its output
+	// tails for four fields.
+	j.index[runKey{rec.RunID, rec.Attempt}] = journalEntry{off: j.end, n: len(data), phase: rec.Phase, updated: rec.UpdatedAt}
 	j.end = end
 	j.lines++
 	return nil
