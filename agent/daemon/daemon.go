@@ -172,6 +172,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	release, err := lockWorkDir(a.workDir)
+	if err != nil {
+		return err
+	}
+	defer release()
 	defer a.records.Close() // the run journal, opened at its first use
 	// The agent's context is cancelled with a cause: errAgentStopping when
 	// the caller's ctx ends, a *fatalError when the agent must stop.

@@ -748,3 +748,28 @@ func TestRunStopsWhileRegistrationRetries(t *testing.T) {
 	defer cancel()
 	assert.NoError(t, daemon.Run(ctx, cfg))
 }
+
+// A second agent on a work directory another one runs on is refused,
+// naming the directory and the first agent's pid: the two would share one
+// run journal. Once the first stops, the directory is free again.
+func TestOneAgentPerWorkDir(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	stop, _ := start(t, testConfig(t, f, dir))
+	f.push(work(70, 1, "true"))
+	f.waitResults(t, 70, 1)
+
+	cfg := testConfig(t, f, dir)
+	cfg.EnrollToken = ""
+	err := daemon.Run(context.Background(), cfg)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "in use by another agent")
+	assert.Contains(t, err.Error(), fmt.Sprintf("pid %d", os.Getpid()))
+	assert.Contains(t, err.Error(), dir)
+
+	require.NoError(t, stop())
+	f.waitNoPolls(t)
+	start(t, cfg)
+	f.push(work(71, 1, "true"))
+	f.waitResults(t, 71, 1)
+}

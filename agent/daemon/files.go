@@ -7,7 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // writeReplacing writes data to path whole: to a temporary file (named by
@@ -52,4 +56,38 @@ func pruneFiles(dir string, cutoff time.Time, keep ...string) error {
 		}
 	}
 	return nil
+}
+
+// LockFile is the file, in the work directory, an agent holds locked
+// while it runs: one agent per work directory.
+const LockFile = "agent.lock"
+
+// lockWorkDir takes dir's lock for an agent's life, or says which agent
+// holds it. Two agents on one work directory would append to one run
+// journal, each reading the other's lines as its own, and could both run
+// what one of them was offered. The kernel drops the lock with its
+// process, however that ends; release drops it when Run returns.
+func lockWorkDir(dir string) (release func(), err error) {
+	path := filepath.Join(dir, LockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock the work directory: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("work directory %s is in use by another agent (pid %s): one agent per work directory",
+				dir, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("lock the work directory: %w", err)
+	}
+	// The holder's pid, for the message above; the lock is what counts.
+	terr := f.Truncate(0)
+	_, werr := f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	if err := errors.Join(terr, werr); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the work directory: %w", err)
+	}
+	return func() { f.Close() }, nil
 }
