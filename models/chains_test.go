@@ -176,13 +176,7 @@ func TestHandBackOfferedAgainUntilConfirmed(t *testing.T) {
 // returns db as ReportRun handed it back (its lease lease).
 func handBackOfDB(t *testing.T, lease time.Duration) (f *storetest.Fixture, txn *fuel.Transaction, db models.TaskRun, next *models.TaskRun) {
 	t.Helper()
-	f = storetest.NewFixture(t)
-	txn, _ = f.Plan(t)
-	runs := f.RunsByLabel(t, txn)
-	setup := runs["setup@"+storetest.CtlName]
-	db = runs["db@"+storetest.CtlName]
-	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
-	require.NoError(t, err)
+	f, txn, setup, db, first := chainOfSetupAndDB(t)
 	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt}, lease)
 	require.NoError(t, err)
 	require.NotNil(t, rep.Next)
@@ -190,15 +184,23 @@ func handBackOfDB(t *testing.T, lease time.Duration) (f *storetest.Fixture, txn 
 	return f, txn, db, rep.Next
 }
 
+// chainOfSetupAndDB plans the fixture's transaction and dispatches ctl's
+// chain setup -> db: the runs, and setup as dispatched.
+func chainOfSetupAndDB(t *testing.T) (f *storetest.Fixture, txn *fuel.Transaction, setup, db models.TaskRun, first *models.TaskRun) {
+	t.Helper()
+	f = storetest.NewFixture(t)
+	txn, _ = f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db = runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
+	require.NoError(t, err)
+	return f, txn, setup, db, first
+}
+
 // A stop cuts a chain: the API then hands out none of its runs not yet
 // started.
 func TestChainCut(t *testing.T) {
-	f := storetest.NewFixture(t)
-	txn, _ := f.Plan(t)
-	runs := f.RunsByLabel(t, txn)
-	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
-	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
-	require.NoError(t, err)
+	f, txn, setup, _, first := chainOfSetupAndDB(t)
 	require.NoError(t, f.Store.CutChain(f.Ctx, setup.ID))
 	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt}, time.Minute)
 	require.NoError(t, err)
@@ -212,12 +214,7 @@ func TestChainCut(t *testing.T) {
 // chain's next run together; and one refused for its result (the run
 // failed without a report meanwhile) keeps none of the log it carried.
 func TestReportRunWholeOrNothing(t *testing.T) {
-	f := storetest.NewFixture(t)
-	txn, _ := f.Plan(t)
-	runs := f.RunsByLabel(t, txn)
-	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
-	first, err := f.Store.DispatchChain(f.Ctx, []int64{setup.ID, db.ID}, []byte("token"))
-	require.NoError(t, err)
+	f, txn, setup, db, first := chainOfSetupAndDB(t)
 	logged := func(runID int64) string {
 		data, _, err := f.Store.RunLog(f.Ctx, runID, 1, 0)
 		require.NoError(t, err)
@@ -225,7 +222,7 @@ func TestReportRunWholeOrNothing(t *testing.T) {
 	}
 
 	gap := protocol.RunResult{Attempt: first.Attempt, Log: &protocol.RunLogTail{Offset: 5, Data: []byte("late\n")}}
-	_, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, gap, time.Minute)
+	_, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, gap, time.Minute)
 	var offset *models.LogOffsetError
 	require.ErrorAs(t, err, &offset)
 	after := f.RunsByLabel(t, txn)
