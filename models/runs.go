@@ -186,8 +186,9 @@ RETURNING `+returning+`, CASE WHEN @handback THEN true ELSE pg_notify(@channel, 
 // lockRunAndNode locks a run's node (and the run too, when withRun), and
 // reads in the same round trip what dispatching the run needs: its state
 // and chain links, what settling its inputs needs (inputsColumns) and
-// what its work item's context needs, or that it sees no outputs. It returns nil for a run without a
-// node (deleted since): dispatch then leaves the decision to its UPDATE.
+// what its work item's context needs, or that it sees no outputs. It
+// returns nil for a run without a node (deleted since): dispatch then
+// leaves the decision to its UPDATE.
 func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
 	of := "n"
 	if withRun {
@@ -310,11 +311,12 @@ func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, check
 // when the agent reported run of a chain succeeded: it dispatches the
 // chain's next run, passing over runs LCM skips, handed to that agent
 // (it goes back in the answer to the report, offered again after lease
-// unless the agent confirms it; see chainLink), and says so (fresh). A report repeated after the next run was
-// dispatched (its answer lost on the way) finds it running and dispatches
-// nothing again: the run goes back in the answer again, whole, and the
-// agent's record of it keeps it from running twice. It returns nil when
-// the chain has ended (its activity is then to be completed).
+// unless the agent confirms it; see chainLink), and says so (fresh). A
+// report repeated after the next run was dispatched (its answer lost on
+// the way) finds it running and dispatches nothing again: the run goes
+// back in the answer again, whole, and the agent's record of it keeps it
+// from running twice. It returns nil when the chain has ended (its
+// activity is then to be completed).
 func continueChain(tx *gorm.DB, run *TaskRun, lease time.Duration) (next *TaskRun, fresh bool, err error) {
 	if run.ChainHead == nil || run.ChainNext == nil || run.State != contract.RunSucceeded {
 		return nil, false, nil
