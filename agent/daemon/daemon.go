@@ -663,8 +663,8 @@ func (a *agent) finishWithLog(ctx context.Context, log *slog.Logger, rec *RunRec
 
 // recover runs at start: runs a previous agent process started and never
 // finished are reported failed (their commands may have done part of their
-// work; running them again silently could do it twice), and old records
-// and scratch files are pruned.
+// work; running them again silently could do it twice), and old records,
+// scratch files and log files are pruned.
 func (a *agent) recover(ctx context.Context) {
 	if err := a.records.Prune(time.Now().Add(-RecordRetention)); err != nil {
 		a.log.Warn("cannot prune old run records", "error", err)
@@ -678,13 +678,16 @@ func (a *agent) recover(ctx context.Context) {
 	recs, err := a.records.Unfinished()
 	if err != nil {
 		a.log.Warn("cannot read the run records", "error", err)
-		return
 	}
 	for _, rec := range recs {
 		if ctx.Err() != nil {
 			return
 		}
 		a.reportInterrupted(ctx, rec)
+	}
+	// Logs last: an interrupted run's log is shipped from its file above.
+	if err := pruneTree(filepath.Join(a.workDir, LogsDir), time.Now().Add(-LogRetention)); err != nil {
+		a.log.Warn("cannot prune old log files", "error", err)
 	}
 }
 

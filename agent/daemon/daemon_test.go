@@ -773,3 +773,28 @@ func TestOneAgentPerWorkDir(t *testing.T) {
 	f.push(work(71, 1, "true"))
 	f.waitResults(t, 71, 1)
 }
+
+// An agent prunes, at its start, run logs older than LogRetention, and
+// the directories they leave empty; newer logs stay.
+func TestOldLogsPrunedAtStart(t *testing.T) {
+	f := newFakeAPI(t)
+	dir := t.TempDir()
+	oldLog := filepath.Join(dir, daemon.LogsDir, "tx-old", "task1.1.1.log")
+	keptOld := filepath.Join(dir, daemon.LogsDir, "tx-mixed", "task2.2.1.log")
+	recent := filepath.Join(dir, daemon.LogsDir, "tx-mixed", "task3.3.1.log")
+	long := time.Now().Add(-daemon.LogRetention - time.Hour)
+	for _, p := range []string{oldLog, keptOld, recent} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte("# a log\n"), 0o644))
+	}
+	require.NoError(t, os.Chtimes(oldLog, long, long))
+	require.NoError(t, os.Chtimes(keptOld, long, long))
+
+	start(t, testConfig(t, f, dir))
+	f.push(work(80, 1, "true"))
+	f.waitResults(t, 80, 1)
+	assert.NoDirExists(t, filepath.Dir(oldLog), "emptied, then removed")
+	assert.NoFileExists(t, keptOld)
+	assert.FileExists(t, recent)
+	assert.FileExists(t, filepath.Join(dir, daemon.LogsDir, "tx-e2e", "task80.80.1.log"), "this run's")
+}

@@ -58,6 +58,30 @@ func pruneFiles(dir string, cutoff time.Time, keep ...string) error {
 	return nil
 }
 
+// pruneTree is pruneFiles on dir and on each of its subdirectories, which
+// are removed once empty.
+func pruneTree(dir string, cutoff time.Time) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		sub := filepath.Join(dir, e.Name())
+		if err := pruneFiles(sub, cutoff); err != nil {
+			return err
+		}
+		// Fails, harmlessly, while the directory still holds a file.
+		_ = os.Remove(sub)
+	}
+	return pruneFiles(dir, cutoff)
+}
+
 // LockFile is the file, in the work directory, an agent holds locked
 // while it runs: one agent per work directory.
 const LockFile = "agent.lock"

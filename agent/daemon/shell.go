@@ -100,13 +100,22 @@ type ShellExecutor struct {
 
 var _ Executor = (*ShellExecutor)(nil)
 
+// LogsDir is the directory, under the work directory, of the runs' log
+// files, one subdirectory per transaction (or noderole).
+const LogsDir = "logs"
+
+// LogRetention is how long a run's log file stays on the node: the server
+// keeps its own copy, and an operator reading logs on the node rarely
+// needs older ones. Pruned at the agent's start.
+const LogRetention = 30 * 24 * time.Hour
+
 // LogPath returns where the output of item is logged.
 func (e *ShellExecutor) LogPath(item protocol.WorkItem) string {
 	dir := item.TransactionID
 	if item.NodeRoleID != 0 {
 		dir = fmt.Sprintf("noderole-%d", item.NodeRoleID)
 	}
-	return filepath.Join(e.WorkDir, "logs", safeName(dir),
+	return filepath.Join(e.WorkDir, LogsDir, safeName(dir),
 		fmt.Sprintf("%s.%d.%d.log", safeName(item.Task), item.RunID, item.Attempt))
 }
 
