@@ -40,6 +40,12 @@ type Store struct {
 }
 
 // Open connects to Postgres at url. It does not migrate.
+//
+// Raw statements on a run's path (dispatch, report, heartbeat) read their
+// rows with Find, not Scan: gorm's Scan hands each statement to a trace
+// recorder that formats it with its parameters (regular expressions over
+// the whole SQL), whatever the logger, which was 6 % of the worker's CPU
+// at 1,000 nodes.
 func Open(ctx context.Context, url string) (*gorm.DB, error) {
 	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
 		Logger:                 logger.Discard,

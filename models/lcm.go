@@ -259,7 +259,7 @@ SELECT task_name, node_name, outputs, id IN (SELECT id FROM ancestors) AS upstre
 FROM task_runs WHERE transaction_id = ? AND state IN ('succeeded', 'skipped') AND outputs <> '{}'::jsonb
   AND (id IN (SELECT id FROM ancestors) OR graph_index < ? OR (node_id = ? AND graph_index = ? AND position < ?))
 ORDER BY finished_at, id`,
-		run.ID, run.TransactionID, run.GraphIndex, run.NodeID, run.GraphIndex, run.Position).Scan(&rows).Error
+		run.ID, run.TransactionID, run.GraphIndex, run.NodeID, run.GraphIndex, run.Position).Find(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("load the outputs seen by run %d: %w", run.ID, err)
 	}
@@ -345,7 +345,7 @@ func finalInputsOf(tx *gorm.DB, run TaskRun, maySkip bool, seen *seenOutputs) (*
 		deployment := gorm.Expr("(SELECT deployment_id FROM transactions WHERE id = ?)", run.TransactionID)
 		var last []LastRun
 		err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id = ? AND r.task_name = ? AND r.id <> ?"),
-			deployment, run.GraphType, finishedStates, run.NodeID, run.TaskName, run.ID).Scan(&last).Error
+			deployment, run.GraphType, finishedStates, run.NodeID, run.TaskName, run.ID).Find(&last).Error
 		if err != nil {
 			return nil, "", fmt.Errorf("load the last finished run of %s on %s: %w", run.TaskName, run.NodeName, err)
 		}

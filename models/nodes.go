@@ -160,7 +160,7 @@ func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address str
 	err = s.DB.WithContext(ctx).Raw(`UPDATE nodes SET last_seen_at = now(), boot_id = ?,
 			address = CASE WHEN ? <> '' THEN ? ELSE address END, updated_at = now()
 		WHERE id = ? AND alive
-		RETURNING name`, bootID, address, address, nodeID).Scan(&names).Error
+		RETURNING name`, bootID, address, address, nodeID).Find(&names).Error
 	if err != nil {
 		return "", false, fmt.Errorf("touch node %d: %w", nodeID, err)
 	}
@@ -177,7 +177,7 @@ func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address str
 			address = CASE WHEN ? <> '' THEN ? ELSE n.address END, updated_at = now()
 		FROM (SELECT id, alive FROM nodes WHERE id = ? FOR UPDATE) old
 		WHERE n.id = old.id
-		RETURNING old.alive, n.name`, bootID, address, address, nodeID).Scan(&rows).Error
+		RETURNING old.alive, n.name`, bootID, address, address, nodeID).Find(&rows).Error
 	if err != nil {
 		return "", false, fmt.Errorf("touch node %d: %w", nodeID, err)
 	}

@@ -226,7 +226,7 @@ func (s *Store) LatestNodeRoleRun(ctx context.Context, nodeRoleID int64) (*TaskR
 func firstLogChunk(db *gorm.DB, nodeID, runID int64, attempt int, data []byte) (bool, error) {
 	var stored []int64
 	err := db.Raw(firstChunkSQL+"SELECT run_id FROM chunk",
-		map[string]any{"attempt": attempt, "size": len(data), "run": runID, "node": nodeID, "data": data}).Scan(&stored).Error
+		map[string]any{"attempt": attempt, "size": len(data), "run": runID, "node": nodeID, "data": data}).Find(&stored).Error
 	if err != nil {
 		return false, fmt.Errorf("store log of run %d: %w", runID, err)
 	}

@@ -163,7 +163,7 @@ SET state = @running, attempt = attempt + 1, task_token = @token,
 WHERE id = @id AND state IN @dispatchable
 RETURNING `+returning+`, CASE WHEN @handback THEN true ELSE pg_notify(@channel, @wake || ':' || node_id::text) IS NULL END AS notified`,
 		map[string]any{"running": contract.RunRunning, "token": token, "handback": handBack, "lease": leaseSecs, "hash": hash, "chained": chain != nil,
-			"id": runID, "dispatchable": dispatchable, "channel": WorkChannel, "wake": WakeWork}).Scan(&runs).Error; err != nil {
+			"id": runID, "dispatchable": dispatchable, "channel": WorkChannel, "wake": WakeWork}).Find(&runs).Error; err != nil {
 		return nil, fmt.Errorf("dispatch run %d: %w", runID, err)
 	}
 	if len(runs) == 1 {
@@ -209,7 +209,7 @@ func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
 			t.position, t.state, t.attempt, t.chain_head, t.chain_next, t.inputs_base, t.lcm,
 			EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = t.transaction_id
 				AND o.state IN ('succeeded', 'skipped') AND o.outputs <> '{}'::jsonb) AS outputs_left
-		FROM task_runs t JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF `+of, runID).Scan(&rows).Error; err != nil {
+		FROM task_runs t JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF `+of, runID).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("lock the node of run %d: %w", runID, err)
 	}
 	if len(rows) == 0 {
@@ -346,7 +346,7 @@ func continueChain(tx *gorm.DB, run *TaskRun, lease time.Duration) (next *TaskRu
   acked_at = CASE WHEN acked_at = claimed_at THEN now() ELSE acked_at END,
   lease_until = CASE WHEN acked_at IS NULL OR acked_at = claimed_at THEN now() + make_interval(secs => ?) ELSE lease_until END,
   claimed_at = now(), updated_at = now()
-WHERE id = ? RETURNING *`, ackLeaseOr(lease).Seconds(), id).Scan(&again).Error; err != nil {
+WHERE id = ? RETURNING *`, ackLeaseOr(lease).Seconds(), id).Find(&again).Error; err != nil {
 				return nil, false, fmt.Errorf("hand run %d back again: %w", id, err)
 			}
 			if len(again) == 1 {
@@ -502,7 +502,7 @@ func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration
 	var runs []TaskRun
 	// The state is a literal, so that task_runs_node_unfinished_idx serves
 	// the query from a cached generic plan too (as NextOffer's).
-	err := s.DB.WithContext(ctx).Raw(claimWorkSQL, lease.Seconds(), nodeID).Scan(&runs).Error
+	err := s.DB.WithContext(ctx).Raw(claimWorkSQL, lease.Seconds(), nodeID).Find(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("claim work of node %d: %w", nodeID, err)
 	}
@@ -558,7 +558,7 @@ func (s *Store) AckRun(ctx context.Context, nodeID, runID int64, attempt int) (*
 	err := db.Raw(`
 UPDATE task_runs SET acked_at = clock_timestamp(), lease_until = NULL, updated_at = now()
 WHERE id = ? AND node_id = ? AND state = ? AND (acked_at IS NULL OR acked_at = claimed_at) AND (attempt = ? OR ? = 0)
-RETURNING `+ackColumns, runID, nodeID, contract.RunRunning, attempt, attempt).Scan(&runs).Error
+RETURNING `+ackColumns, runID, nodeID, contract.RunRunning, attempt, attempt).Find(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("acknowledge run %d: %w", runID, err)
 	}
@@ -702,7 +702,7 @@ RETURNING `+resultColumns+`, `+stored+` AS log_stored`,
 		map[string]any{"state": run.State, "exit": *run.ExitCode, "outputs": string(outputs), "error": run.Error,
 			"stdout": run.StdoutTail, "stderr": run.StderrTail, "finished": *run.FinishedAt, "updated": run.UpdatedAt, "attrs": attrs,
 			"run": run.ID, "node": nodeID, "attempt": attempt, "running": contract.RunRunning,
-			"size": len(chunk), "data": chunk}).Scan(&rows).Error
+			"size": len(chunk), "data": chunk}).Find(&rows).Error
 	if err != nil {
 		return false, false, fmt.Errorf("record result of run %d: %w", run.ID, err)
 	}
