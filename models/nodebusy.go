@@ -40,7 +40,7 @@ FROM task_runs t
 WHERE t.node_id = @node AND t.state = 'running' AND t.id <> @run
   AND t.started_at > now() - make_interval(secs => coalesce((t.spec->>'timeout_sec')::int, 0) + @stale)
 LIMIT 1`, map[string]any{"node": nodeID, "run": exceptRun, "nr": exceptNodeRole,
-		"hold": NodeRoleTimeoutSec + int(staleAfter.Seconds()), "stale": int(staleAfter.Seconds())}).Scan(&reasons).Error
+		"hold": NodeRoleTimeoutSec + int(staleAfter.Seconds()), "stale": int(staleAfter.Seconds())}).Find(&reasons).Error
 	if err != nil {
 		return "", fmt.Errorf("check what node %d runs: %w", nodeID, err)
 	}
@@ -57,7 +57,7 @@ func TransactionWants(tx *gorm.DB, nodeID int64) (string, error) {
 	var ids []string
 	err := tx.Raw(`SELECT t.transaction_id::text FROM task_runs t JOIN transactions x ON x.id = t.transaction_id
 		WHERE t.node_id = ? AND t.state IN ('pending', 'running') AND x.status IN ? LIMIT 1`,
-		nodeID, []string{TxPending, TxRunning}).Scan(&ids).Error
+		nodeID, []string{TxPending, TxRunning}).Find(&ids).Error
 	if err != nil {
 		return "", fmt.Errorf("check transactions on node %d: %w", nodeID, err)
 	}

@@ -456,7 +456,7 @@ WHERE %[1]s.transaction_id = ? AND %[1]s.graph_index = ? AND %[1]s.node_id = ?`
 	var edges []edgeRow
 	for _, side := range []string{"c", "p"} {
 		var part []edgeRow
-		if err := db.Raw(fmt.Sprintf(edgeSQL, side), id, gi, nodeID).Scan(&part).Error; err != nil {
+		if err := db.Raw(fmt.Sprintf(edgeSQL, side), id, gi, nodeID).Find(&part).Error; err != nil {
 			return nil, fmt.Errorf("load edges of node %d in %s: %w", nodeID, id, err)
 		}
 		edges = append(edges, part...)
