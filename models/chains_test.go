@@ -1,11 +1,15 @@
 package models_test
 
 import (
+	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
@@ -38,10 +42,12 @@ func TestChainsInTheStore(t *testing.T) {
 	assert.Equal(t, setup.ID, *last.ChainHead, "linked to its chain")
 	assert.Nil(t, last.ChainNext, "the last run of the chain")
 
+	walks := countOutputWalks(t, f)
 	setupResult := protocol.RunResult{Attempt: first.Attempt, Outputs: map[string]string{"url": "http://db"}}
 	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, setupResult, time.Minute)
 	require.NoError(t, err)
 	assert.True(t, rep.Changed)
+	assert.EqualValues(t, 1, walks.Load(), "the outputs its next run sees are read, once")
 	next, fresh := rep.Next, rep.Fresh
 	require.NotNil(t, next)
 	assert.True(t, fresh, "dispatched for the reporting agent")
@@ -184,6 +190,22 @@ func handBackOfDB(t *testing.T, lease time.Duration) (f *storetest.Fixture, txn 
 	return f, txn, db, rep.Next
 }
 
+// countOutputWalks counts, from now on, the fixture's reads of the
+// outputs a run sees (the walk up its ancestors, loadSeenOutputs).
+func countOutputWalks(t *testing.T, f *storetest.Fixture) *atomic.Int64 {
+	t.Helper()
+	var n atomic.Int64
+	spy := func(db *gorm.DB) {
+		if strings.Contains(db.Statement.SQL.String(), "WITH RECURSIVE ancestors") {
+			n.Add(1)
+		}
+	}
+	name := fmt.Sprintf("test:output_walks_%p", &n)
+	require.NoError(t, f.Store.DB.Callback().Query().After("gorm:query").Register(name, spy))
+	require.NoError(t, f.Store.DB.Callback().Row().After("gorm:row").Register(name+"_row", spy))
+	return &n
+}
+
 // chainOfSetupAndDB plans the fixture's transaction and dispatches ctl's
 // chain setup -> db: the runs, and setup as dispatched.
 func chainOfSetupAndDB(t *testing.T) (f *storetest.Fixture, txn *fuel.Transaction, setup, db models.TaskRun, first *models.TaskRun) {
@@ -229,6 +251,7 @@ func TestReportRunWholeOrNothing(t *testing.T) {
 	assert.Equal(t, contract.RunRunning, after["setup@"+storetest.CtlName].State, "no result recorded")
 	assert.Equal(t, contract.RunPending, after["db@"+storetest.CtlName].State, "nothing dispatched")
 
+	walks := countOutputWalks(t, f)
 	good := protocol.RunResult{Attempt: first.Attempt, Log: &protocol.RunLogTail{Offset: 0, Data: []byte("ran\n")}}
 	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, good, time.Minute)
 	require.NoError(t, err)
@@ -237,8 +260,9 @@ func TestReportRunWholeOrNothing(t *testing.T) {
 	require.NotNil(t, rep.Next)
 	assert.Equal(t, db.ID, rep.Next.ID)
 	assert.Equal(t, "ran\n", logged(setup.ID))
-	// No run of the transaction left outputs: the dispatch read none
-	// (the lock's probe), and its inputs hash covers none.
+	// No run of the transaction left outputs: the dispatch did not look
+	// for them (the lock's probe), and its inputs hash covers none.
+	assert.Zero(t, walks.Load(), "the outputs a run sees are not read")
 	require.NotNil(t, rep.Next.Context)
 	assert.NotNil(t, rep.Next.Context.Outputs)
 	assert.Empty(t, rep.Next.Context.Outputs)

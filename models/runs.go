@@ -97,8 +97,7 @@ var dispatchable = []string{contract.RunPending, contract.RunRunning, contract.R
 // read here). It returns the run: the whole row, with its Context, when
 // it is handed back (it goes to the agent with the answer to the report
 // before it, as a work item), else the columns of dispatchColumns; a run
-// it did not dispatch
-// (skipped, ended, blocked) comes back whole.
+// it did not dispatch (skipped, ended, blocked) comes back whole.
 func dispatch(tx *gorm.DB, runID int64, token []byte, chain *chainLink, checkBusy bool, locked *TaskRun) (*TaskRun, error) {
 	if locked == nil {
 		var err error
@@ -728,7 +727,7 @@ type RecordedResult struct {
 
 // RecordRunResult stores an agent's report of a run of its own node. The
 // common case is one UPDATE; only a refused or repeated report reads the row
-// to say why. The run it returns after that UPDATE holds what was written
+// to say why. The run it returns after that UPDATE holds the values sent
 // and the columns of resultColumns; a repeated report's is the whole row.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
 	if err := checkResult(res); err != nil {

@@ -199,6 +199,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Go(func() { a.heartbeatLoop(actx) })
 	wg.Go(func() { a.softwareLoop(actx) })
 	wg.Go(func() { a.probeLoop(actx) })
+	wg.Go(func() { a.pruneLoop(actx) })
 	if cfg.Audrey != nil {
 		wg.Go(func() {
 			err := RunAudrey(actx, a.api.BaseURL, a.workDir, cfg.HooksDir, a.name, *cfg.Audrey, cfg.HTTPClient, a.log)
@@ -672,12 +673,14 @@ func (a *agent) recover(ctx context.Context) {
 	// The shell's scratch files: shared attributes files (one that is
 	// still in use is written again when next needed) and an earlier
 	// agent process's slots.
-	if err := pruneFiles(scratchDir(a.workDir), time.Now().Add(-RecordRetention)); err != nil {
+	if err := pruneFiles(scratchDir(a.workDir), time.Now().Add(-RecordRetention), nil); err != nil {
 		a.log.Warn("cannot prune old scratch files", "error", err)
 	}
 	recs, err := a.records.Unfinished()
 	if err != nil {
+		// Logs are not pruned either: an interrupted run's may be old.
 		a.log.Warn("cannot read the run records", "error", err)
+		return
 	}
 	for _, rec := range recs {
 		if ctx.Err() != nil {
@@ -686,8 +689,31 @@ func (a *agent) recover(ctx context.Context) {
 		a.reportInterrupted(ctx, rec)
 	}
 	// Logs last: an interrupted run's log is shipped from its file above.
-	if err := pruneTree(filepath.Join(a.workDir, LogsDir), time.Now().Add(-LogRetention)); err != nil {
+	a.pruneLogs()
+}
+
+// pruneLogs removes the runs' log files older than LogRetention: at the
+// agent's start, once the interrupted runs' logs are shipped, then daily
+// (pruneLoop), as an agent may run for months.
+func (a *agent) pruneLogs() {
+	if err := pruneLogs(a.workDir, time.Now().Add(-LogRetention)); err != nil {
 		a.log.Warn("cannot prune old log files", "error", err)
+	}
+}
+
+// pruneLoop prunes old log files every day until ctx ends. The log of a
+// run going on now was written to when it started, and a run's timeout
+// is far shorter than LogRetention.
+func (a *agent) pruneLoop(ctx context.Context) {
+	t := time.NewTicker(24 * time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.pruneLogs()
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/anneal-dev/anneal/agent/daemon"
 	"github.com/anneal-dev/anneal/agent/protocol"
@@ -761,7 +762,9 @@ func TestOneAgentPerWorkDir(t *testing.T) {
 
 	cfg := testConfig(t, f, dir)
 	cfg.EnrollToken = ""
-	err := daemon.Run(context.Background(), cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := daemon.Run(ctx, cfg) // returns at once when refused
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "in use by another agent")
 	assert.Contains(t, err.Error(), fmt.Sprintf("pid %d", os.Getpid()))
@@ -775,26 +778,63 @@ func TestOneAgentPerWorkDir(t *testing.T) {
 }
 
 // An agent prunes, at its start, run logs older than LogRetention, and
-// the directories they leave empty; newer logs stay.
+// the directories they leave empty; newer logs, and files a command wrote
+// there that are not run logs, stay; a directory it cannot prune does not
+// stop it.
 func TestOldLogsPrunedAtStart(t *testing.T) {
 	f := newFakeAPI(t)
 	dir := t.TempDir()
-	oldLog := filepath.Join(dir, daemon.LogsDir, "tx-old", "task1.1.1.log")
-	keptOld := filepath.Join(dir, daemon.LogsDir, "tx-mixed", "task2.2.1.log")
-	recent := filepath.Join(dir, daemon.LogsDir, "tx-mixed", "task3.3.1.log")
+	logs := filepath.Join(dir, daemon.LogsDir)
+	oldLog := filepath.Join(logs, "tx-old", "task1.1.1.log")
+	oldInMixed := filepath.Join(logs, "tx-mixed", "task2.2.1.log")
+	recent := filepath.Join(logs, "tx-mixed", "task3.3.1.log")
+	notALog := filepath.Join(logs, "tx-mixed", "data.txt")
+	afterBad := filepath.Join(logs, "tx-z", "task4.4.1.log")
 	long := time.Now().Add(-daemon.LogRetention - time.Hour)
-	for _, p := range []string{oldLog, keptOld, recent} {
+	for _, p := range []string{oldLog, oldInMixed, recent, notALog, afterBad} {
 		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 		require.NoError(t, os.WriteFile(p, []byte("# a log\n"), 0o644))
 	}
-	require.NoError(t, os.Chtimes(oldLog, long, long))
-	require.NoError(t, os.Chtimes(keptOld, long, long))
+	for _, p := range []string{oldLog, oldInMixed, notALog, afterBad} {
+		require.NoError(t, os.Chtimes(p, long, long))
+	}
+	// An old log that cannot be removed (immutable, which even root
+	// cannot remove), in a directory before tx-z in name order.
+	stuck := filepath.Join(logs, "tx-bad", "task5.5.1.log")
+	require.NoError(t, os.MkdirAll(filepath.Dir(stuck), 0o755))
+	require.NoError(t, os.WriteFile(stuck, nil, 0o644))
+	require.NoError(t, os.Chtimes(stuck, long, long))
+	setImmutable(t, stuck, true)
+	t.Cleanup(func() { setImmutable(t, stuck, false) })
 
 	start(t, testConfig(t, f, dir))
 	f.push(work(80, 1, "true"))
 	f.waitResults(t, 80, 1)
 	assert.NoDirExists(t, filepath.Dir(oldLog), "emptied, then removed")
-	assert.NoFileExists(t, keptOld)
+	assert.NoFileExists(t, oldInMixed)
 	assert.FileExists(t, recent)
-	assert.FileExists(t, filepath.Join(dir, daemon.LogsDir, "tx-e2e", "task80.80.1.log"), "this run's")
+	assert.FileExists(t, notALog, "not a run's log")
+	assert.FileExists(t, stuck, "could not be removed")
+	assert.NoFileExists(t, afterBad, "pruned past a file that could not be")
+	assert.FileExists(t, filepath.Join(logs, "tx-e2e", "task80.80.1.log"), "this run's")
+}
+
+// fsImmutableFL is FS_IMMUTABLE_FL of linux/fs.h, which x/sys/unix does
+// not name.
+const fsImmutableFL = 0x10
+
+// setImmutable sets or clears a file's immutable attribute (chattr +i).
+func setImmutable(t *testing.T, path string, on bool) {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	flags, err := unix.IoctlGetInt(int(f.Fd()), unix.FS_IOC_GETFLAGS)
+	require.NoError(t, err, "the file system must support file attributes (ext4 does)")
+	if on {
+		flags |= fsImmutableFL
+	} else {
+		flags &^= fsImmutableFL
+	}
+	require.NoError(t, unix.IoctlSetPointerInt(int(f.Fd()), unix.FS_IOC_SETFLAGS, flags))
 }

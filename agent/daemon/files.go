@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,10 +34,12 @@ func writeReplacing(path, pattern string, data []byte, durable bool) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// pruneFiles removes the regular files in dir last modified before cutoff,
-// but for those named in keep (a file that is appended to, not replaced,
-// can be old and still hold what must be kept).
-func pruneFiles(dir string, cutoff time.Time, keep ...string) error {
+// pruneFiles removes the regular files in dir last modified before
+// cutoff, but for those keep says to keep (nil: none), for instance a
+// file that is appended to, not replaced, which can be old and still hold
+// what must be kept. A file it cannot remove does not stop it: the errors
+// come back together.
+func pruneFiles(dir string, cutoff time.Time, keep func(name string) bool) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -46,21 +47,24 @@ func pruneFiles(dir string, cutoff time.Time, keep ...string) error {
 	if err != nil {
 		return fmt.Errorf("list %s: %w", dir, err)
 	}
+	var errs []error
 	for _, e := range entries {
 		info, err := e.Info()
-		if err != nil || !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) || slices.Contains(keep, e.Name()) {
+		if err != nil || !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) || (keep != nil && keep(e.Name())) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("remove %s: %w", e.Name(), err)
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// pruneTree is pruneFiles on dir and on each of its subdirectories, which
-// are removed once empty.
-func pruneTree(dir string, cutoff time.Time) error {
+// pruneLogs removes the runs' log files (LogsDir/<transaction>/*.log) last
+// modified before cutoff, and the directories they leave empty; other
+// files there (a command may write into its work directory) stay.
+func pruneLogs(workDir string, cutoff time.Time) error {
+	dir := filepath.Join(workDir, LogsDir)
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -68,18 +72,18 @@ func pruneTree(dir string, cutoff time.Time) error {
 	if err != nil {
 		return fmt.Errorf("list %s: %w", dir, err)
 	}
+	notLog := func(name string) bool { return !strings.HasSuffix(name, ".log") }
+	var errs []error
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
 		}
 		sub := filepath.Join(dir, e.Name())
-		if err := pruneFiles(sub, cutoff); err != nil {
-			return err
-		}
+		errs = append(errs, pruneFiles(sub, cutoff, notLog))
 		// Fails, harmlessly, while the directory still holds a file.
 		_ = os.Remove(sub)
 	}
-	return pruneFiles(dir, cutoff)
+	return errors.Join(errs...)
 }
 
 // LockFile is the file, in the work directory, an agent holds locked
@@ -89,8 +93,11 @@ const LockFile = "agent.lock"
 // lockWorkDir takes dir's lock for an agent's life, or says which agent
 // holds it. Two agents on one work directory would append to one run
 // journal, each reading the other's lines as its own, and could both run
-// what one of them was offered. The kernel drops the lock with its
-// process, however that ends; release drops it when Run returns.
+// what one of them was offered; only the lock's holder compacts the
+// journal. The kernel drops the lock with its process, however that ends;
+// release drops it when Run returns. The lock is a flock, which a work
+// directory on a network file system may not honour across hosts: it
+// belongs on a local one.
 func lockWorkDir(dir string) (release func(), err error) {
 	path := filepath.Join(dir, LockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
@@ -101,17 +108,22 @@ func lockWorkDir(dir string) (release func(), err error) {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("work directory %s is in use by another agent (pid %s): one agent per work directory",
-				dir, strings.TrimSpace(string(holder)))
+			pid := strings.TrimSpace(string(holder))
+			if pid == "" {
+				pid = "unknown"
+			}
+			return nil, fmt.Errorf("work directory %s is in use by another agent (pid %s): one agent per work directory", dir, pid)
 		}
-		return nil, fmt.Errorf("lock the work directory: %w", err)
+		return nil, fmt.Errorf("lock %s (the work directory must be on a local file system): %w", path, err)
 	}
 	// The holder's pid, for the message above; the lock is what counts.
-	terr := f.Truncate(0)
-	_, werr := f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	if err := errors.Join(terr, werr); err != nil {
+	// Written before the rest is cut off, so that the file never reads
+	// empty while the lock is held.
+	pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
+	_, werr := f.WriteAt(pid, 0)
+	if err := errors.Join(werr, f.Truncate(int64(len(pid)))); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("lock the work directory: %w", err)
+		return nil, fmt.Errorf("write the agent's pid to %s: %w", path, err)
 	}
 	return func() { f.Close() }, nil
 }

@@ -99,9 +99,9 @@ func (l *logTail) drain(ctx context.Context, a *agent) {
 	switch {
 	case err == nil, ctx.Err() != nil:
 	case statusOf(err) == http.StatusNotFound && !isAPIError(err, "not_found"):
-		l.log.Debug("the API takes no logs (an older server); the log stays on the node", "path", l.path)
+		l.log.Debug("the API takes no logs (an older server); the log stays on the node (for LogRetention)", "path", l.path)
 	default:
-		l.log.Warn("the API refused the run's log; it stays on the node", "path", l.path, "error", apiMessage(err))
+		l.log.Warn("the API refused the run's log; it stays on the node (for LogRetention)", "path", l.path, "error", apiMessage(err))
 	}
 }
 

@@ -31,10 +31,12 @@ package daemon
 // the started one: the run is reported interrupted, as if the crash had
 // come just before. No torn or unreadable line stops the agent.
 //
-// The journal stays small: Prune, at the agent's start, and the agent
-// itself whenever the journal grows past Records.CompactSize, rewrite it
-// with only the last line of each attempt that is recent (RecordRetention)
-// or still started.
+// The journal stays small: Prune, at the agent's start, and the append of
+// a result that takes the journal past Records.CompactSize (or past twice
+// its size after the last compaction, if that is more) rewrite it with
+// only the last line of each attempt that is recent (RecordRetention) or
+// still started. Only the agent holding the work directory's lock
+// (lockWorkDir) compacts it.
 //
 // Agents before the journal kept a file per attempt, run-<id>.<attempt>.json
 // (RunRecordPath), whose last whole line was the record; such a file is
@@ -126,10 +128,10 @@ type SoftwareRecord struct {
 // journal is opened on first use; a Records is safe for concurrent use.
 type Records struct {
 	Dir string
-	// CompactSize is the journal size past which an append compacts it
-	// (see Prune), or past twice its size after the last compaction if
-	// that is more, so that a journal of recent records alone is not
-	// rewritten at every append; default DefaultCompactSize.
+	// CompactSize is the journal size past which the append of a result
+	// compacts it (see Prune), or past twice its size after the last
+	// compaction if that is more, so that a journal of recent records
+	// alone is not rewritten at every append; default DefaultCompactSize.
 	CompactSize int64
 	// Logger logs a compaction that failed after an append (the append
 	// itself stands); default slog.Default().
@@ -304,7 +306,7 @@ func (r *Records) Prune(cutoff time.Time) error {
 		err = r.compact(j, cutoff)
 	}
 	r.mu.Unlock()
-	if err := errors.Join(err, pruneFiles(r.Dir, cutoff, JournalFile)); err != nil {
+	if err := errors.Join(err, pruneFiles(r.Dir, cutoff, func(name string) bool { return name == JournalFile })); err != nil {
 		return fmt.Errorf("prune old records: %w", err)
 	}
 	return nil
@@ -381,7 +383,8 @@ func (r *Records) open() (*journal, error) {
 // Records on the same directory appended are read, and a journal it
 // replaced (a compaction), removed or shortened is opened again. An agent
 // is its journal's only writer, but a test or a tool may append a record
-// while it runs: this costs a stat per use, little next to an fdatasync.
+// while it runs (it must not compact: only the work directory's lock
+// holder does): this costs a stat per use, little next to an fdatasync.
 // The caller holds mu.
 func (r *Records) current() (*journal, error) {
 	j, err := r.open()

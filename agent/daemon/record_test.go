@@ -626,3 +626,20 @@ func TestTornRecordNotRun(t *testing.T) {
 	assert.Contains(t, res.Error, "record of this run is unreadable")
 	assert.Equal(t, 0, countLines(t, count), "not run")
 }
+
+// A started record in the journal that cannot be read whole does not keep
+// the others from being listed unfinished (and so reported interrupted).
+func TestUnfinishedSkipsUnreadableRecord(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), daemon.RecordsDir)
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	journal := `{"run_id": 5, "attempt": 1, "phase": "started", "result": "not an object"}` + "\n" +
+		`{"run_id": 6, "attempt": 1, "phase": "started"}` + "\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, daemon.JournalFile), []byte(journal), 0o600))
+	recs := &daemon.Records{Dir: dir}
+	unfinished, err := recs.Unfinished()
+	require.NoError(t, err)
+	require.Len(t, unfinished, 1)
+	assert.Equal(t, int64(6), unfinished[0].RunID)
+	_, err = recs.LoadRun(5, 1)
+	assert.Error(t, err, "the unreadable one is an error when its run comes")
+}

@@ -105,8 +105,9 @@ var _ Executor = (*ShellExecutor)(nil)
 const LogsDir = "logs"
 
 // LogRetention is how long a run's log file stays on the node: the server
-// keeps its own copy, and an operator reading logs on the node rarely
-// needs older ones. Pruned at the agent's start.
+// keeps its own copy (up to its size limit; an older API none), and an
+// operator reading logs on the node rarely needs older ones. Pruned at the
+// agent's start and daily.
 const LogRetention = 30 * 24 * time.Hour
 
 // LogPath returns where the output of item is logged.
