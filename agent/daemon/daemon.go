@@ -424,7 +424,26 @@ func (a *agent) heartbeatRequest() protocol.HeartbeatRequest {
 }
 
 func (a *agent) heartbeatLoop(ctx context.Context) {
-	t := time.NewTicker(a.cfg.HeartbeatEvery)
+	every(ctx, a.cfg.HeartbeatEvery, func() bool {
+		_, err := a.api.Heartbeat(ctx, a.heartbeatRequest())
+		switch {
+		case err == nil:
+			a.log.Debug("node heartbeat sent")
+		case ctx.Err() != nil:
+			return false
+		case statusOf(err) == http.StatusUnauthorized:
+			a.fatal(a.credentialRejected(err))
+			return false
+		default:
+			a.log.Warn("node heartbeat failed", "error", err)
+		}
+		return true
+	})
+}
+
+// every calls f every period until ctx ends or f returns false.
+func every(ctx context.Context, period time.Duration, f func() bool) {
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
@@ -432,17 +451,8 @@ func (a *agent) heartbeatLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		_, err := a.api.Heartbeat(ctx, a.heartbeatRequest())
-		switch {
-		case err == nil:
-			a.log.Debug("node heartbeat sent")
-		case ctx.Err() != nil:
+		if !f() {
 			return
-		case statusOf(err) == http.StatusUnauthorized:
-			a.fatal(a.credentialRejected(err))
-			return
-		default:
-			a.log.Warn("node heartbeat failed", "error", err)
 		}
 	}
 }
@@ -705,16 +715,7 @@ func (a *agent) pruneLogs() {
 // run going on now was written to when it started, and a run's timeout
 // is far shorter than LogRetention.
 func (a *agent) pruneLoop(ctx context.Context) {
-	t := time.NewTicker(24 * time.Hour)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			a.pruneLogs()
-		}
-	}
+	every(ctx, 24*time.Hour, func() bool { a.pruneLogs(); return true })
 }
 
 // reportInterrupted stores and reports as failed a run that a previous
@@ -740,36 +741,30 @@ func failedResult(item protocol.WorkItem, reason string) protocol.RunResult {
 }
 
 func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, attempt int, log *slog.Logger) {
-	t := time.NewTicker(a.cfg.RunHeartbeatEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, a.cfg.RunHeartbeatEvery, func() bool {
 		cancel, err := a.rep.RunHeartbeat(ctx, runID, attempt)
 		switch st := statusOf(err); {
 		case err == nil && cancel:
 			log.Info("the API asked to cancel the run")
 			cancelRun(errors.New("the API asked to cancel the run"))
-			return
+			return false
 		case err == nil:
 			log.Debug("run heartbeat sent")
 		case ctx.Err() != nil:
-			return
+			return false
 		case st == http.StatusNotFound || st == http.StatusConflict:
 			msg := apiMessage(err)
 			log.Warn("the API no longer awaits the run; abandoning it", "status", st, "error", msg)
 			cancelRun(fmt.Errorf("the API no longer awaits the run: %s", msg))
-			return
+			return false
 		case st == http.StatusUnauthorized:
 			a.fatal(a.credentialRejected(err))
-			return
+			return false
 		default:
 			log.Warn("run heartbeat failed", "error", err)
 		}
-	}
+		return true
+	})
 }
 
 // report sends a result, retrying network errors and 5xx until a 2xx, a
