@@ -514,7 +514,12 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 		// Whether it ran is unknown: failing it is safer than running it
 		// twice.
 		log.Error("the run's record is unreadable; reporting it failed rather than risk running it twice", "error", err)
-		a.report(ctx, log, item.RunID, failedResult(item, fmt.Sprintf("not run: the agent's record of this run is unreadable (%v)", err)))
+		// Recorded finished with that result, so that the attempt's
+		// record is readable from now on: offered again, it gets the
+		// same answer, and it is no longer listed unfinished.
+		a.finish(ctx, log, &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
+			NodeRoleID: item.NodeRoleID, Type: item.Type},
+			failedResult(item, fmt.Sprintf("not run: the agent's record of this run is unreadable (%v)", err)))
 		return
 	case rec != nil && rec.Phase == PhaseFinished && rec.Result != nil:
 		log.Info("run already executed on this node; reporting its stored result again", "exit_code", rec.Result.ExitCode)

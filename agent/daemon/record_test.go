@@ -610,8 +610,11 @@ func runIDs(recs []*daemon.RunRecord) []int64 {
 	return ids
 }
 
-// A torn record (a crash while it was first written) is never read as "not
-// run": the run offered again is reported failed, and not executed.
+// A record that cannot be read (an older agent's torn record file, or a
+// journal line whose header reads but not the rest) is never read as "not
+// run": the run offered is reported failed and not executed, and recorded
+// finished with that result, so that offered again it gets the same
+// answer (and the unreadable line is no longer its record).
 func TestTornRecordNotRun(t *testing.T) {
 	f := newFakeAPI(t)
 	dir := t.TempDir()
@@ -619,11 +622,20 @@ func TestTornRecordNotRun(t *testing.T) {
 	recs := &daemon.Records{Dir: filepath.Join(dir, daemon.RecordsDir)}
 	require.NoError(t, os.MkdirAll(recs.Dir, 0o700))
 	require.NoError(t, os.WriteFile(recs.RunRecordPath(93, 1), []byte(`{"run_id": 93, "attempt": 1, "pha`), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(recs.Dir, daemon.JournalFile),
+		[]byte(`{"run_id": 94, "attempt": 1, "phase": "started", "result": "not an object"}`+"\n"), 0o600))
 	start(t, testConfig(t, f, dir))
-	f.push(work(93, 1, appendCmd(count)))
-	res := f.waitResults(t, 93, 1)[0]
-	assert.False(t, res.Succeeded())
-	assert.Contains(t, res.Error, "record of this run is unreadable")
+	for _, id := range []int64{93, 94} {
+		f.push(work(id, 1, appendCmd(count)))
+		res := f.waitResults(t, id, 1)[0]
+		assert.False(t, res.Succeeded())
+		assert.Contains(t, res.Error, "record of this run is unreadable")
+		f.push(work(id, 1, appendCmd(count)))
+		assert.Equal(t, res, f.waitResults(t, id, 2)[1], "run %d offered again: the same answer", id)
+		rec, err := recs.LoadRun(id, 1)
+		require.NoError(t, err)
+		assert.Equal(t, daemon.PhaseFinished, rec.Phase)
+	}
 	assert.Equal(t, 0, countLines(t, count), "not run")
 }
 
