@@ -179,14 +179,12 @@ func (s *Store) NodeSecrets(ctx context.Context, nodeID int64, names []string) (
 	if len(names) == 0 {
 		return map[string]string{}, nil
 	}
-	db := s.DB.WithContext(ctx)
-	var dep int64
-	if err := db.Model(&Node{}).Select("deployment_id").Where("id = ?", nodeID).Scan(&dep).Error; err != nil {
-		return nil, fmt.Errorf("load the deployment of node %d: %w", nodeID, err)
-	}
+	// The node's deployment as a subquery: one round trip per run that
+	// needs secrets, not two.
 	var rows []Secret
-	if err := db.Where("deployment_id = ? AND name IN ?", dep, names).Find(&rows).Error; err != nil {
-		return nil, fmt.Errorf("load secrets: %w", err)
+	if err := s.DB.WithContext(ctx).Where("deployment_id = (SELECT deployment_id FROM nodes WHERE id = ?) AND name IN ?", nodeID, names).
+		Find(&rows).Error; err != nil {
+		return nil, fmt.Errorf("load the secrets of node %d's deployment: %w", nodeID, err)
 	}
 	vals, err := s.openRows(rows)
 	if err != nil {
