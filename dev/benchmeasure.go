@@ -191,8 +191,11 @@ func (m *pgMeter) stop() (ours, cluster float64, backends int) {
 // bare worker) and Postgres.
 type phaseCPU struct {
 	temporal, worker, bench int
-	pg                      *pgMeter
-	t0                      map[string]float64
+	// agentHosts are the processes running the simulated agents, when
+	// not this one (see defaultAgentsPerProcess).
+	agentHosts []int
+	pg         *pgMeter
+	t0         map[string]float64
 }
 
 // cpuUse is the CPU seconds a phase cost, by process.
@@ -203,8 +206,13 @@ type cpuUse struct {
 
 func (p *phaseCPU) read() map[string]float64 {
 	self := func(pid int) float64 { v, _, _, _ := procTimes(pid); return v }
-	// The agents run their tasks (`true`) as child processes of this one.
+	// The agents run their tasks (`true`) as child processes of this one,
+	// or of their agent hosts.
 	bench, tasks, _, _ := procTimes(p.bench)
+	for _, pid := range p.agentHosts {
+		host, hostTasks, _, _ := procTimes(pid)
+		bench, tasks = bench+host, tasks+hostTasks
+	}
 	return map[string]float64{
 		"total": machineCPU(), "server": self(p.temporal), "worker": self(p.worker), "bench": bench + tasks,
 	}

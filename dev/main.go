@@ -64,6 +64,8 @@ func main() {
 		err = test(ctx, root, state, args, log)
 	case "bench":
 		err = bench(ctx, root, state, args, log)
+	case "bench-agents": // run by the bench only: its agent host processes
+		err = benchAgents(ctx, args)
 	case "fuzz":
 		err = fuzz(ctx, root, state, args, log)
 	case "replay":

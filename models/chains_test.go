@@ -194,15 +194,24 @@ func handBackOfDB(t *testing.T, lease time.Duration) (f *storetest.Fixture, txn 
 // outputs a run sees (the walk up its ancestors, loadSeenOutputs).
 func countOutputWalks(t *testing.T, f *storetest.Fixture) *atomic.Int64 {
 	t.Helper()
+	return countStatements(t, f, func(sql string) bool { return strings.Contains(sql, "WITH RECURSIVE ancestors") })
+}
+
+// countStatements counts the statements the store sends from now on that
+// match (BEGIN and COMMIT aside).
+func countStatements(t *testing.T, f *storetest.Fixture, match func(sql string) bool) *atomic.Int64 {
+	t.Helper()
 	var n atomic.Int64
 	spy := func(db *gorm.DB) {
-		if strings.Contains(db.Statement.SQL.String(), "WITH RECURSIVE ancestors") {
+		if match(db.Statement.SQL.String()) {
 			n.Add(1)
 		}
 	}
-	name := fmt.Sprintf("test:output_walks_%p", &n)
+	name := fmt.Sprintf("test:statements_%p", &n)
 	require.NoError(t, f.Store.DB.Callback().Query().After("gorm:query").Register(name, spy))
 	require.NoError(t, f.Store.DB.Callback().Row().After("gorm:row").Register(name+"_row", spy))
+	require.NoError(t, f.Store.DB.Callback().Raw().After("gorm:raw").Register(name+"_raw", spy))
+	require.NoError(t, f.Store.DB.Callback().Update().After("gorm:update").Register(name+"_update", spy))
 	return &n
 }
 
@@ -252,9 +261,11 @@ func TestReportRunWholeOrNothing(t *testing.T) {
 	assert.Equal(t, contract.RunPending, after["db@"+storetest.CtlName].State, "nothing dispatched")
 
 	walks := countOutputWalks(t, f)
+	statements := countStatements(t, f, func(string) bool { return true })
 	good := protocol.RunResult{Attempt: first.Attempt, Log: &protocol.RunLogTail{Offset: 0, Data: []byte("ran\n")}}
 	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, good, time.Minute)
 	require.NoError(t, err)
+	assert.EqualValues(t, 1, statements.Load(), "the log, the result and the next run's dispatch in one statement")
 	assert.True(t, rep.Changed)
 	assert.Equal(t, contract.RunSucceeded, rep.Run.State)
 	require.NotNil(t, rep.Next)
@@ -267,6 +278,21 @@ func TestReportRunWholeOrNothing(t *testing.T) {
 	assert.NotNil(t, rep.Next.Context.Outputs)
 	assert.Empty(t, rep.Next.Context.Outputs)
 	assert.Equal(t, models.InputsHash(rep.Next.InputsBase, nil), rep.Next.InputsHash)
+	// Dispatched as the general path dispatches a run handed back: the
+	// whole row, its chain's token, a new attempt, taken by the agent.
+	next := rep.Next
+	assert.Equal(t, contract.RunRunning, next.State)
+	assert.Equal(t, 1, next.Attempt)
+	assert.Equal(t, []byte("token"), next.TaskToken)
+	assert.Equal(t, "echo db", next.Spec.Cmd)
+	require.NotNil(t, next.ChainHead)
+	assert.Equal(t, setup.ID, *next.ChainHead)
+	require.NotNil(t, next.AckedAt)
+	assert.Equal(t, next.ClaimedAt, next.AckedAt, "a hand-back, until the agent confirms it")
+	assert.NotNil(t, next.StartedAt)
+	var leased bool
+	require.NoError(t, f.Store.DB.Raw("SELECT lease_until > now() FROM task_runs WHERE id = ?", next.ID).Row().Scan(&leased))
+	assert.True(t, leased, "offered again after the lease unless confirmed")
 
 	// The same report with more of the log (a log begun already: the
 	// general path, a savepoint inside the report's transaction) stores
@@ -290,4 +316,57 @@ func TestReportRunWholeOrNothing(t *testing.T) {
 	var conflict *models.ConflictError
 	require.ErrorAs(t, err, &conflict)
 	assert.Empty(t, logged(db.ID), "the refused report's log is not kept")
+}
+
+// The report's single statement dispatches no run that LCM would skip: a
+// chain's next run whose inputs are those of the last run of its task on
+// its node, which succeeded, is skipped as ReportRun's general path skips
+// it, and the chain ends there.
+func TestReportLeavesLCMSkipToTheGeneralPath(t *testing.T) {
+	f, _, setup, db, first := chainOfSetupAndDB(t) // forced: both run
+	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt}, time.Minute)
+	require.NoError(t, err)
+	require.NotNil(t, rep.Next)
+	rep, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, db.ID, protocol.RunResult{Attempt: rep.Next.Attempt}, time.Minute)
+	require.NoError(t, err)
+	assert.True(t, rep.Changed)
+	assert.Nil(t, rep.Next, "the end of the chain")
+	// setup's run is made to look failed, so that the next transaction
+	// runs it again; db's, which succeeded with the same inputs, stands.
+	require.NoError(t, f.Store.DB.Exec("UPDATE task_runs SET state = ? WHERE id = ?", contract.RunFailed, setup.ID).Error)
+
+	txn := f.Execute(t, fuel.ExecuteInput{}) // LCM applies
+	_, err = f.Store.PlanGraph(f.Ctx, txn.ID, 0)
+	require.NoError(t, err)
+	runs := f.RunsByLabel(t, txn)
+	setup2, db2 := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+	first, err = f.Store.DispatchChain(f.Ctx, []int64{setup2.ID, db2.ID}, []byte("token-2"))
+	require.NoError(t, err)
+	require.Equal(t, setup2.ID, first.ID, "setup runs again")
+	rep, err = f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup2.ID, protocol.RunResult{Attempt: first.Attempt}, time.Minute)
+	require.NoError(t, err)
+	assert.True(t, rep.Changed)
+	assert.Nil(t, rep.Next, "db is skipped, and the chain ends")
+	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
+	assert.Equal(t, contract.RunSkipped, got.State)
+	assert.Equal(t, models.InputsHash(got.InputsBase, nil), got.InputsHash)
+}
+
+// A report whose log was begun by a log request (a long run's) and which
+// carries it again from its start: the one statement records the result
+// and goes on with the chain, and the log, which has a row already, is
+// stored the general way, idempotent by offset (nothing twice).
+func TestReportAfterALogRequest(t *testing.T) {
+	f, _, setup, db, first := chainOfSetupAndDB(t)
+	_, err := f.Store.AppendRunLog(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, 0, []byte("ran\n"))
+	require.NoError(t, err)
+	rep, err := f.Store.ReportRun(f.Ctx, f.Ctl.ID, setup.ID,
+		protocol.RunResult{Attempt: first.Attempt, Log: &protocol.RunLogTail{Offset: 0, Data: []byte("ran\nmore\n")}}, time.Minute)
+	require.NoError(t, err)
+	assert.True(t, rep.Changed)
+	require.NotNil(t, rep.Next)
+	assert.Equal(t, db.ID, rep.Next.ID)
+	data, _, err := f.Store.RunLog(f.Ctx, setup.ID, first.Attempt, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "ran\nmore\n", string(data), "the rest of the log, once")
 }

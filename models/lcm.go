@@ -186,31 +186,34 @@ type LCMKey struct {
 	Task string
 }
 
-// lastRunsSQL picks, per (node, task), the last finished run of a graph
-// type in a deployment (not a dry run's, not one a task of type skipped
-// made), after the node was last wiped. %s narrows it further.
+// lastRunsWhere is the condition on a finished run r (of task_runs, joined
+// with its transaction t) that makes it one LCM compares with: of graph
+// type %[2]s in deployment %[1]s (not a dry run's, not one a task of type
+// skipped made), finished after its node was last wiped, and %[3]s.
 //
 // The tasks of type erase_node and move_to_bootstrap wipe a node: its runs
 // that finished before the last of them are forgotten, so a node erased and
 // sent back to bootstrap is provisioned again. A failed one counts too: it
 // may have wiped part of the node. The literals match the partial indexes
 // of migration 0014.
-const lastRunsSQL = `
+const lastRunsWhere = `t.deployment_id = %[1]s AND r.graph_type = %[2]s AND r.finished_at IS NOT NULL AND r.transaction_id IS NOT NULL
+  AND r.state IN ('succeeded', 'failed', 'skipped') AND r.task_type <> 'skipped' AND NOT t.dry_run AND %[3]s
+  AND r.finished_at > coalesce((SELECT max(w.finished_at) FROM task_runs w
+        WHERE w.node_id = r.node_id AND w.task_type IN ('erase_node', 'move_to_bootstrap') AND w.finished_at IS NOT NULL), '-infinity')`
+
+// lastRunsSQL picks, per (node, task), the last finished run of a graph
+// type in a deployment (see lastRunsWhere); %s narrows it further.
+var lastRunsSQL = `
 SELECT DISTINCT ON (r.node_id, r.task_name) r.id, r.node_id, r.task_name, r.state, r.inputs_base, r.inputs_hash, r.outputs
 FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
-WHERE t.deployment_id = ? AND r.graph_type = ? AND r.finished_at IS NOT NULL AND r.transaction_id IS NOT NULL
-  AND r.state IN ? AND r.task_type <> 'skipped' AND NOT t.dry_run AND %s
-  AND r.finished_at > coalesce((SELECT max(w.finished_at) FROM task_runs w
-        WHERE w.node_id = r.node_id AND w.task_type IN ('erase_node', 'move_to_bootstrap') AND w.finished_at IS NOT NULL), '-infinity')
+WHERE ` + fmt.Sprintf(lastRunsWhere, "?", "?", "%s") + `
 ORDER BY r.node_id, r.task_name, r.finished_at DESC, r.id DESC`
-
-var finishedStates = []string{contract.RunSucceeded, contract.RunFailed, contract.RunSkipped}
 
 // LastFinishedRuns returns the last finished run of each task on each of
 // nodes in a deployment's graph type (see lastRunsSQL).
 func LastFinishedRuns(tx *gorm.DB, deploymentID int64, graphType string, nodes []int64) (map[LCMKey]*LastRun, error) {
 	var rows []LastRun
-	err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id IN ?"), deploymentID, graphType, finishedStates, nodes).
+	err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id IN ?"), deploymentID, graphType, nodes).
 		Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("load the last finished runs of graph %s: %w", graphType, err)
@@ -345,7 +348,7 @@ func finalInputsOf(tx *gorm.DB, run TaskRun, maySkip bool, seen *seenOutputs) (*
 		deployment := gorm.Expr("(SELECT deployment_id FROM transactions WHERE id = ?)", run.TransactionID)
 		var last []LastRun
 		err := tx.Raw(fmt.Sprintf(lastRunsSQL, "r.node_id = ? AND r.task_name = ? AND r.id <> ?"),
-			deployment, run.GraphType, finishedStates, run.NodeID, run.TaskName, run.ID).Find(&last).Error
+			deployment, run.GraphType, run.NodeID, run.TaskName, run.ID).Find(&last).Error
 		if err != nil {
 			return nil, "", fmt.Errorf("load the last finished run of %s on %s: %w", run.TaskName, run.NodeName, err)
 		}

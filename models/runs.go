@@ -306,8 +306,9 @@ func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, check
 	}
 }
 
-// continueChain is called, inside ReportRun's database transaction,
-// when the agent reported run of a chain succeeded: it dispatches the
+// continueChain is called by ReportRun, in a database transaction (the
+// report's, or its own after the report's single statement), when the
+// agent reported run of a chain succeeded: it dispatches the
 // chain's next run, passing over runs LCM skips, handed to that agent
 // (it goes back in the answer to the report, offered again after lease
 // unless the agent confirms it; see chainLink), and says so (fresh). A
@@ -317,7 +318,7 @@ func dispatchChained(tx *gorm.DB, id int64, token []byte, chain chainLink, check
 // from running twice. It returns nil when the chain has ended (its
 // activity is then to be completed).
 func continueChain(tx *gorm.DB, run *TaskRun, lease time.Duration) (next *TaskRun, fresh bool, err error) {
-	if run.ChainHead == nil || run.ChainNext == nil || run.State != contract.RunSucceeded {
+	if !chainGoesOn(run) {
 		return nil, false, nil
 	}
 	// Walk to the chain's first run not yet ended well, as a repeated
@@ -364,6 +365,12 @@ WHERE id = ? RETURNING *`, ackLeaseOr(lease).Seconds(), id).Find(&again).Error; 
 			return nil, false, nil
 		}
 	}
+}
+
+// chainGoesOn says whether a run reported succeeded has a next run in its
+// chain to go on with.
+func chainGoesOn(run *TaskRun) bool {
+	return run.ChainHead != nil && run.ChainNext != nil && run.State == contract.RunSucceeded
 }
 
 // int64Array writes ids as a Postgres bigint[] literal: a whole list of
@@ -652,21 +659,27 @@ func agentRun(db *gorm.DB, nodeID, runID int64) (*TaskRun, error) {
 const resultColumns = `id, transaction_id, graph_index, graph_type, node_id, node_name, noderole_id, task_name, task_type,
 	position, attempt, task_token, chain_head, chain_next, started_at`
 
-// firstChunkSQL stores the first chunk of a run attempt's log, and its
-// log's row, when the run is the node's, the attempt is not past the
-// run's and the log has no row yet: the WITH of the statement of
-// firstLogChunk, and of the result's UPDATE when a report carries the
-// chunk (a round trip fewer per run).
-const firstChunkSQL = `WITH log AS (
+// firstChunkCTEs store the first chunk of a run attempt's log (@data,
+// @size bytes), and its log's row, for the run the rows of from name
+// (FROM from: its id), when the log has no row yet; chunk then holds the
+// run's id.
+func firstChunkCTEs(from string) string {
+	return `log AS (
   INSERT INTO run_logs (run_id, attempt, size, stored, truncated, updated_at)
-  SELECT id, @attempt, @size, @size, false, now() FROM task_runs WHERE id = @run AND node_id = @node AND attempt >= @attempt
+  SELECT id, @attempt, @size, @size, false, now() FROM ` + from + `
   ON CONFLICT DO NOTHING
   RETURNING run_id
 ), chunk AS (
   INSERT INTO run_log_chunks (run_id, attempt, pos, data) SELECT run_id, @attempt, 0, @data FROM log
   RETURNING run_id
-)
-`
+)`
+}
+
+// firstChunkSQL stores the first chunk of a run attempt's log when the
+// run is the node's and the attempt is not past the run's: the WITH of
+// the statement of firstLogChunk, and of the result's UPDATE when a
+// report carries the chunk (a round trip fewer per run).
+var firstChunkSQL = "WITH " + firstChunkCTEs("task_runs WHERE id = @run AND node_id = @node AND attempt >= @attempt") + "\n"
 
 // updateResult writes a report's result (what run holds) to the run if
 // it is its node's and running at that attempt, and reads resultColumns
@@ -674,17 +687,9 @@ const firstChunkSQL = `WITH log AS (
 // the first chunk of the run's log goes in the same statement, and
 // logStored says whether it was stored (whatever became of the result).
 func updateResult(db *gorm.DB, run *TaskRun, nodeID int64, attempt int, chunk []byte) (changed, logStored bool, err error) {
-	outputs, err := json.Marshal(run.Outputs)
+	params, err := resultParams(run, nodeID, attempt, chunk)
 	if err != nil {
-		return false, false, fmt.Errorf("encode the outputs of run %d: %w", run.ID, err)
-	}
-	var attrs any // NULL when nothing was handed back
-	if run.AttrsOut != nil {
-		raw, err := json.Marshal(run.AttrsOut)
-		if err != nil {
-			return false, false, fmt.Errorf("encode the attributes of run %d: %w", run.ID, err)
-		}
-		attrs = string(raw)
+		return false, false, err
 	}
 	prefix, stored := "", "false"
 	if chunk != nil {
@@ -694,14 +699,9 @@ func updateResult(db *gorm.DB, run *TaskRun, nodeID int64, attempt int, chunk []
 		TaskRun
 		LogStored bool
 	}
-	err = db.Raw(prefix+`UPDATE task_runs SET state = @state, exit_code = @exit, outputs = CAST(@outputs AS jsonb), error = @error,
-  stdout_tail = @stdout, stderr_tail = @stderr, finished_at = @finished, updated_at = @updated, attrs_out = CAST(@attrs AS jsonb)
+	err = db.Raw(prefix+`UPDATE task_runs SET `+resultSetSQL+`
 WHERE id = @run AND node_id = @node AND attempt = @attempt AND state = @running
-RETURNING `+resultColumns+`, `+stored+` AS log_stored`,
-		map[string]any{"state": run.State, "exit": *run.ExitCode, "outputs": string(outputs), "error": run.Error,
-			"stdout": run.StdoutTail, "stderr": run.StderrTail, "finished": *run.FinishedAt, "updated": run.UpdatedAt, "attrs": attrs,
-			"run": run.ID, "node": nodeID, "attempt": attempt, "running": contract.RunRunning,
-			"size": len(chunk), "data": chunk}).Find(&rows).Error
+RETURNING `+resultColumns+`, `+stored+` AS log_stored`, params).Find(&rows).Error
 	if err != nil {
 		return false, false, fmt.Errorf("record result of run %d: %w", run.ID, err)
 	}
@@ -710,12 +710,43 @@ RETURNING `+resultColumns+`, `+stored+` AS log_stored`,
 		// general path, idempotent by offset, finds out.
 		return false, false, nil
 	}
-	// What was written is in run already; the rest comes back.
-	back := rows[0].TaskRun
+	readBack(run, rows[0].TaskRun)
+	return true, rows[0].LogStored, nil
+}
+
+// resultSetSQL is the SET of a report's UPDATE of its run, and
+// resultParams binds it and the WHERE that goes with it (the run, its
+// node, its attempt, still running) and the first chunk of its log.
+const resultSetSQL = `state = @state, exit_code = @exit, outputs = CAST(@outputs AS jsonb), error = @error,
+  stdout_tail = @stdout, stderr_tail = @stderr, finished_at = @finished, updated_at = @updated, attrs_out = CAST(@attrs AS jsonb)`
+
+// resultParams are the parameters of resultSetSQL and its WHERE for run,
+// the row resultOf made of a report.
+func resultParams(run *TaskRun, nodeID int64, attempt int, chunk []byte) (map[string]any, error) {
+	outputs, err := json.Marshal(run.Outputs)
+	if err != nil {
+		return nil, fmt.Errorf("encode the outputs of run %d: %w", run.ID, err)
+	}
+	var attrs any // NULL when nothing was handed back
+	if run.AttrsOut != nil {
+		raw, err := json.Marshal(run.AttrsOut)
+		if err != nil {
+			return nil, fmt.Errorf("encode the attributes of run %d: %w", run.ID, err)
+		}
+		attrs = string(raw)
+	}
+	return map[string]any{"state": run.State, "exit": *run.ExitCode, "outputs": string(outputs), "error": run.Error,
+		"stdout": run.StdoutTail, "stderr": run.StderrTail, "finished": *run.FinishedAt, "updated": run.UpdatedAt, "attrs": attrs,
+		"run": run.ID, "node": nodeID, "attempt": attempt, "running": contract.RunRunning,
+		"size": len(chunk), "data": chunk}, nil
+}
+
+// readBack makes run, whose report was just written, the row read back
+// (resultColumns) with the values written.
+func readBack(run *TaskRun, back TaskRun) {
 	back.State, back.ExitCode, back.Outputs, back.Error = run.State, run.ExitCode, run.Outputs, run.Error
 	back.StdoutTail, back.StderrTail, back.FinishedAt, back.UpdatedAt, back.AttrsOut = run.StdoutTail, run.StderrTail, run.FinishedAt, run.UpdatedAt, run.AttrsOut
 	*run = back
-	return true, rows[0].LogStored, nil
 }
 
 // RecordedResult says what RecordRunResult did.
@@ -730,10 +761,12 @@ type RecordedResult struct {
 // to say why. The run it returns after that UPDATE holds the values sent
 // and the columns of resultColumns; a repeated report's is the whole row.
 func (s *Store) RecordRunResult(ctx context.Context, nodeID, runID int64, res protocol.RunResult) (*RecordedResult, error) {
-	if err := checkResult(res); err != nil {
+	db := s.DB.WithContext(ctx)
+	run, err := s.resultOf(db, nodeID, runID, res)
+	if err != nil {
 		return nil, err
 	}
-	return s.recordRunResult(s.DB.WithContext(ctx), nodeID, runID, res, false)
+	return storeResult(db, run, nodeID, res, false)
 }
 
 // ReportedRun says what ReportRun did: the result as RecordRunResult
@@ -748,23 +781,60 @@ type ReportedRun struct {
 	Fresh bool
 }
 
-// ReportRun stores an agent's report of a run of its own node in one
-// database transaction: the end of the run's log the report carries
-// (res.Log; see AppendRunLog), its result (RecordRunResult) and, when the
-// run succeeded in a chain, the dispatch of the chain's next run
-// (continueChain). One commit, not three: each waits for a flush of the
-// write-ahead log, a quarter of Postgres's CPU per run before. A report
-// refused (its log's offset, its attempt, its run no longer running)
-// writes nothing, its log included: the agent then ships the log on its
-// own. The chain's next run is locked after the reported one, in id
-// order, as EndLostChain and CutChain lock a chain's runs.
+// ReportRun stores an agent's report of a run of its own node: the end of
+// the run's log the report carries (res.Log; see AppendRunLog), its result
+// (RecordRunResult) and, when the run succeeded in a chain, the dispatch
+// of the chain's next run (continueChain). The common report (its run
+// running, no log or the first chunk of one, and a next run with nothing
+// to read or decide in Go first) is one statement (reportAndContinue):
+// one round trip and one commit, each commit waiting for a flush of the
+// write-ahead log. When that statement recorded the result but left the
+// chain to Go (the next run sees outputs, LCM may skip it, it ended
+// already), the chain goes on in a second transaction, as it would for
+// the same report sent again. Any other report is one transaction: a
+// report refused (its log's offset, its attempt, its run no longer
+// running) writes nothing, its log included, and the agent then ships the
+// log on its own. The chain's next run is locked after the reported one,
+// in id order, as EndLostChain and CutChain lock a chain's runs.
 func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol.RunResult, lease time.Duration) (*ReportedRun, error) {
-	if err := checkResult(res); err != nil {
+	db := s.DB.WithContext(ctx)
+	run, err := s.resultOf(db, nodeID, runID, res)
+	if err != nil {
 		return nil, err
 	}
+	if chunk := firstChunkOf(res); res.Log == nil || chunk != nil {
+		written := *run
+		recorded, logStored, next, err := reportAndContinue(db, &written, nodeID, res.Attempt, chunk, len(res.Outputs) == 0, lease)
+		if err != nil {
+			return nil, err
+		}
+		if recorded {
+			out := &ReportedRun{RecordedResult: RecordedResult{Run: &written, Changed: true}, Next: next, Fresh: next != nil}
+			if chunk != nil && !logStored {
+				// The log has a row already (a log request came first):
+				// the general path, idempotent by offset, stores it or
+				// says why not (the agent then ships it on its own, and
+				// reports again: a repeated report).
+				if _, err := appendRunLog(db, nodeID, runID, res.Attempt, 0, chunk); err != nil {
+					return nil, err
+				}
+			}
+			if next == nil && chainGoesOn(&written) {
+				err = db.Transaction(func(tx *gorm.DB) error {
+					var err error
+					out.Next, out.Fresh, err = continueChain(tx, &written, lease)
+					return err
+				})
+			}
+			if err != nil {
+				return nil, err
+			}
+			return out, nil
+		}
+	}
 	out := &ReportedRun{}
-	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		rec, err := s.recordRunResult(tx, nodeID, runID, res, true)
+	err = db.Transaction(func(tx *gorm.DB) error {
+		rec, err := storeResult(tx, run, nodeID, res, true)
 		if err != nil {
 			return err
 		}
@@ -778,12 +848,14 @@ func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol
 	return out, nil
 }
 
-// recordRunResult is RecordRunResult on db, a transaction or not, for a
-// report checkResult passed.
-// With withLog, it stores the end of the run's log the report carries too
-// (res.Log; see AppendRunLog), the first chunk of a log in the same
-// statement as the result.
-func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.RunResult, withLog bool) (*RecordedResult, error) {
+// resultOf checks a report (checkResult) and makes the row it writes to
+// its run: the state, exit code, outputs, tails, error and attributes
+// handed back, redacted of the node's deployment's secrets, with NUL
+// bytes stripped.
+func (s *Store) resultOf(db *gorm.DB, nodeID, runID int64, res protocol.RunResult) (*TaskRun, error) {
+	if err := checkResult(res); err != nil {
+		return nil, err
+	}
 	state := contract.RunSucceeded
 	if !res.Succeeded() {
 		state = contract.RunFailed
@@ -808,8 +880,9 @@ func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.R
 	for k, v := range res.Outputs {
 		outputs[red.String(StripNUL(k))] = red.String(StripNUL(v))
 	}
-	run := TaskRun{
-		ID: runID, State: state, ExitCode: &res.ExitCode, Outputs: outputs, Error: red.String(StripNUL(res.Error)),
+	exitCode := res.ExitCode
+	run := &TaskRun{
+		ID: runID, State: state, ExitCode: &exitCode, Outputs: outputs, Error: red.String(StripNUL(res.Error)),
 		StdoutTail: red.String(StripNUL(res.StdoutTail)), StderrTail: red.String(StripNUL(res.StderrTail)), FinishedAt: &finished, UpdatedAt: Now(),
 	}
 	// attrs_out is written either way: nil (nothing handed back, the
@@ -821,11 +894,29 @@ func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.R
 		}
 		run.AttrsOut, _ = red.Value(stripNULMap(back)).(map[string]any)
 	}
-	var chunk []byte // the first chunk of the run's log, stored with the result
-	if withLog && res.Log != nil && res.Log.Offset == 0 && len(res.Log.Data) > 0 && len(res.Log.Data) <= MaxLogChunkBytes {
-		chunk = res.Log.Data
+	return run, nil
+}
+
+// firstChunkOf is the log a report carries when it is the first chunk of
+// its run's log, short enough to go in the result's statement; else nil.
+func firstChunkOf(res protocol.RunResult) []byte {
+	if res.Log != nil && res.Log.Offset == 0 && len(res.Log.Data) > 0 && len(res.Log.Data) <= MaxLogChunkBytes {
+		return res.Log.Data
 	}
-	changed, logStored, err := updateResult(db, &run, nodeID, res.Attempt, chunk)
+	return nil
+}
+
+// storeResult writes run, the row resultOf made of a report, to db (a
+// transaction or not). With withLog, it stores the end of the run's log
+// the report carries too (res.Log; see AppendRunLog), the first chunk of
+// a log in the same statement as the result.
+func storeResult(db *gorm.DB, run *TaskRun, nodeID int64, res protocol.RunResult, withLog bool) (*RecordedResult, error) {
+	runID := run.ID
+	var chunk []byte // the first chunk of the run's log, stored with the result
+	if withLog {
+		chunk = firstChunkOf(res)
+	}
+	changed, logStored, err := updateResult(db, run, nodeID, res.Attempt, chunk)
 	if err != nil {
 		return nil, err
 	}
@@ -838,7 +929,7 @@ func (s *Store) recordRunResult(db *gorm.DB, nodeID, runID int64, res protocol.R
 		}
 	}
 	if changed {
-		return &RecordedResult{Run: &run, Changed: true}, nil
+		return &RecordedResult{Run: run, Changed: true}, nil
 	}
 	var cur TaskRun
 	err = db.Take(&cur, runID).Error

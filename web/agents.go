@@ -65,7 +65,28 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 		s.log.Info("node is alive again", "node", name)
 		s.kickAnnealer(c.Request().Context(), "node "+name+" is alive")
 	}
-	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: nodeID, Name: name})
+	return c.JSON(http.StatusOK, protocol.HeartbeatResponse{NodeID: nodeID, Name: name, EverySec: s.nodeHeartbeatEverySec()})
+}
+
+// minNodeSilence is the shortest silence after which a node counts as not
+// alive, whatever the heartbeat timeout (tests set it to a few seconds).
+const minNodeSilence = 30 * time.Second
+
+// NodeSilence is how long an agent may go without a node heartbeat before
+// its node counts as not alive: the heartbeat timeout (60 s by default),
+// and at least minNodeSilence. Agents heartbeat every third of it
+// (nodeHeartbeatEverySec).
+func NodeSilence(heartbeatTimeoutSec int) time.Duration {
+	return max(minNodeSilence, contract.HeartbeatTimeout(heartbeatTimeoutSec))
+}
+
+// nodeHeartbeatEverySec is the node heartbeat period the API asks agents
+// for: a third of NodeSilence (20 s by default), so that two heartbeats
+// may be lost before a node counts as not alive. Each is a write: a
+// thousand nodes at 10 s were a hundred a second, a large part of what an
+// idle site cost.
+func (s *Server) nodeHeartbeatEverySec() int {
+	return max(1, int(NodeSilence(s.cfg.HeartbeatTimeoutSec)/3/time.Second))
 }
 
 // Long-poll bounds for GET /agent/work.
@@ -454,16 +475,11 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	rec, err := s.cfg.Store.ReportRun(ctx, principal(c).NodeID, runID, res, s.ackLease())
-	var oe *models.LogOffsetError
-	if errors.As(err, &oe) {
-		// A chunk that starts past what the server has (an earlier
-		// chunk was lost): the agent ships the log in log requests,
-		// from the offset named, then reports again without it.
-		return &models.InputError{Status: http.StatusConflict, Field: "log.offset", Reason: oe.Error(),
-			Details: map[string]any{"offset": oe.Expected}}
-	}
 	if err != nil {
-		return err
+		// A gap in the log (409 log.offset): the agent ships the log in
+		// log requests, from the offset named, then reports again
+		// without it.
+		return logOffsetConflict(err, "log.offset")
 	}
 	run := rec.Run
 	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)

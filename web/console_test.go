@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/worker/server"
@@ -236,8 +237,11 @@ func TestEnrollNodeCreatedThroughTheAPI(t *testing.T) {
 	assert.Equal(t, created.ID, node.ID, "the same node, enrolled")
 	assert.True(t, node.Alive)
 	// Its own credential works on the agents' routes.
-	status, raw = testenv.Call(t, http.MethodPost, st.URL+"/api/v1/agent/heartbeat", agent.Token(t), map[string]any{"boot_id": "b1"}, nil)
+	var beat protocol.HeartbeatResponse
+	status, raw = testenv.Call(t, http.MethodPost, st.URL+"/api/v1/agent/heartbeat", agent.Token(t), map[string]any{"boot_id": "b1"}, &beat)
 	assert.Equal(t, http.StatusOK, status, "%s", raw)
+	assert.Equal(t, created.ID, beat.NodeID)
+	assert.Equal(t, 10, beat.EverySec, "the heartbeat period asked for: a third of the node silence (the heartbeat timeout, 3 s in tests, but at least 30 s)")
 
 	status, raw = testenv.Call(t, http.MethodPost, st.URL+"/api/v1/agent/register", st.EnrollToken, map[string]any{"name": name}, nil)
 	assert.Equal(t, http.StatusConflict, status, "%s", raw)

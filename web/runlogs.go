@@ -48,15 +48,22 @@ func (s *Server) agentRunLog(c echo.Context) error {
 		return err
 	}
 	st, err := s.cfg.Store.AppendRunLog(c.Request().Context(), principal(c).NodeID, runID, int(attempt), offset, body)
-	var oe *models.LogOffsetError
-	if errors.As(err, &oe) {
-		return &models.InputError{Status: http.StatusConflict, Field: "offset", Reason: oe.Error(),
-			Details: map[string]any{"offset": oe.Expected}}
-	}
 	if err != nil {
-		return err
+		return logOffsetConflict(err, "offset")
 	}
 	return c.JSON(http.StatusOK, protocol.RunLogState{Offset: st.Size, Stored: st.Stored, Truncated: st.Truncated})
+}
+
+// logOffsetConflict makes a chunk that starts past what the server has of
+// a log (an earlier chunk was lost) a 409 naming field and, in its
+// details, the offset to send from; other errors are returned as they are.
+func logOffsetConflict(err error, field string) error {
+	var oe *models.LogOffsetError
+	if errors.As(err, &oe) {
+		return &models.InputError{Status: http.StatusConflict, Field: field, Reason: oe.Error(),
+			Details: map[string]any{"offset": oe.Expected}}
+	}
+	return err
 }
 
 // intQuery reads a non-negative integer query parameter.

@@ -42,7 +42,7 @@ func main() {
 	flag.StringVar(&cfg.TaskQueue, "task-queue", server.DefaultTaskQueue, "Temporal task queue")
 	flag.StringVar(&cfg.APIAddr, "api", "", "also serve the REST API on this address, e.g. "+server.DefaultAPIAddr)
 	flag.StringVar(&cfg.Domain, "domain", envOr("ANNEAL_DOMAIN", server.DefaultDomain), "admin DNS domain of node names")
-	flag.IntVar(&cfg.HeartbeatTimeoutSec, "heartbeat-timeout", 0, "seconds a run may go without an agent heartbeat (0: 60)")
+	flag.IntVar(&cfg.HeartbeatTimeoutSec, "heartbeat-timeout", 0, "seconds a run may go without an agent heartbeat, and a node without a node heartbeat (at least 30) before it counts as not alive (0: 60)")
 	flag.DurationVar(&cfg.AckLease, "ack-lease", 0, "how long a run handed to an agent waits for its acknowledgement before it is offered again (0: 5s; keep it below the heartbeat timeout)")
 	flag.BoolVar(&cfg.NoWorker, "no-worker", false, "serve only the API")
 	flag.StringVar(&cfg.TemporalUI, "temporal-ui", os.Getenv("TEMPORAL_UI"), "base URL of the Temporal Web UI, for the API's links to workflows (e.g. http://127.0.0.1:8233)")

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -79,7 +80,9 @@ type Config struct {
 	// RebootCommand reboots the machine for a reboot task (e.g.
 	// "systemctl reboot"); empty simulates it: the agent takes a new boot id.
 	RebootCommand string
-	// HeartbeatEvery is the node heartbeat period; default 10s.
+	// HeartbeatEvery is the node heartbeat period; default the period the
+	// API asks for (a third of the silence after which it counts a node not
+	// alive: 20s by default), 10s with an API that does not say.
 	HeartbeatEvery time.Duration
 	// RunHeartbeatEvery is the run heartbeat period; default 5s.
 	RunHeartbeatEvery time.Duration
@@ -150,6 +153,9 @@ type agent struct {
 	// run), executed before the next poll.
 	handedMu sync.Mutex
 	handed   []protocol.WorkItem
+	// heartbeatEvery is the node heartbeat period the API asked for
+	// (learnHeartbeatPeriod), 0 until it has.
+	heartbeatEvery atomic.Int64
 }
 
 // Run runs the agent until ctx is done, then returns nil, or until a fatal
@@ -230,9 +236,6 @@ func newAgent(cfg Config) (*agent, error) {
 	}
 	if cfg.WorkDir == "" {
 		cfg.WorkDir = "anneal-agent"
-	}
-	if cfg.HeartbeatEvery <= 0 {
-		cfg.HeartbeatEvery = 10 * time.Second
 	}
 	if cfg.RunHeartbeatEvery <= 0 {
 		cfg.RunHeartbeatEvery = 5 * time.Second
@@ -371,6 +374,7 @@ func (a *agent) connect(ctx context.Context) error {
 	default:
 		return fmt.Errorf("first heartbeat refused by the API: %w", err)
 	}
+	a.learnHeartbeatPeriod(hb)
 	if hb.NodeID != 0 && cred.NodeID != 0 && hb.NodeID != cred.NodeID {
 		a.log.Warn("the API says the credential belongs to another node id", "stored", cred.NodeID, "api", hb.NodeID)
 	}
@@ -423,11 +427,34 @@ func (a *agent) heartbeatRequest() protocol.HeartbeatRequest {
 	return protocol.HeartbeatRequest{BootID: a.currentBootID(), Address: a.cfg.Address}
 }
 
+// defaultHeartbeatEvery is the node heartbeat period until the API has
+// said which it wants, or if it never does (an older API).
+const defaultHeartbeatEvery = 10 * time.Second
+
+// heartbeatPeriod is the node heartbeat period now.
+func (a *agent) heartbeatPeriod() time.Duration {
+	if a.cfg.HeartbeatEvery > 0 {
+		return a.cfg.HeartbeatEvery
+	}
+	if p := a.heartbeatEvery.Load(); p > 0 {
+		return time.Duration(p)
+	}
+	return defaultHeartbeatEvery
+}
+
+// learnHeartbeatPeriod keeps the period a heartbeat's answer asks for.
+func (a *agent) learnHeartbeatPeriod(resp protocol.HeartbeatResponse) {
+	if resp.EverySec > 0 {
+		a.heartbeatEvery.Store(int64(min(time.Duration(resp.EverySec)*time.Second, time.Hour)))
+	}
+}
+
 func (a *agent) heartbeatLoop(ctx context.Context) {
-	every(ctx, a.cfg.HeartbeatEvery, func() bool {
-		_, err := a.api.Heartbeat(ctx, a.heartbeatRequest())
+	everyPeriod(ctx, a.heartbeatPeriod, func() bool {
+		resp, err := a.api.Heartbeat(ctx, a.heartbeatRequest())
 		switch {
 		case err == nil:
+			a.learnHeartbeatPeriod(resp)
 			a.log.Debug("node heartbeat sent")
 		case ctx.Err() != nil:
 			return false
@@ -443,7 +470,14 @@ func (a *agent) heartbeatLoop(ctx context.Context) {
 
 // every calls f every period until ctx ends or f returns false.
 func every(ctx context.Context, period time.Duration, f func() bool) {
-	t := time.NewTicker(period)
+	everyPeriod(ctx, func() time.Duration { return period }, f)
+}
+
+// everyPeriod is every with a period that may change: read again after
+// each call of f.
+func everyPeriod(ctx context.Context, period func() time.Duration, f func() bool) {
+	cur := period()
+	t := time.NewTicker(cur)
 	defer t.Stop()
 	for {
 		select {
@@ -453,6 +487,10 @@ func every(ctx context.Context, period time.Duration, f func() bool) {
 		}
 		if !f() {
 			return
+		}
+		if p := period(); p != cur {
+			cur = p
+			t.Reset(p)
 		}
 	}
 }

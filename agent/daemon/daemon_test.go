@@ -35,33 +35,34 @@ type fakeAPI struct {
 	t   *testing.T
 	srv *httptest.Server
 
-	mu               sync.Mutex
-	calls            []string // "METHOD path auth"
-	tokens           map[string]bool
-	registers        []protocol.RegisterRequest
-	registerFailures int // answer 503 to this many registrations first
-	heartbeats       []protocol.HeartbeatRequest
-	waits            []string
-	polling          int // work fetches being answered
-	generation       int // the agent process work is handed to (see testConfig)
-	queue            []protocol.WorkItem
-	notify           chan struct{}
-	runHeartbeats    map[int64]int
-	hbAttempts       map[int64][]int // attempts named by run heartbeats
-	cancelAfter      map[int64]int   // answer cancel from the Nth run heartbeat
-	runHBStatus      map[int64]int   // answer run heartbeats with this status
-	results          map[int64][]protocol.RunResult
-	resultPosts      map[int64]int
-	resultFailures   map[int64]int                 // answer 503 to this many result posts first
-	resultStatus     map[int64]int                 // answer result posts with this status
-	handBack         map[int64][]protocol.WorkItem // runs handed back with a run's result (a chain's next)
-	refuseResultLog  int                           // answer a result carrying a log with this status (an API that does not take it)
-	acks             map[int64][]int               // attempts acknowledged per run
-	ackStatus        map[int64]int                 // answer acks with this status
-	software         []protocol.SoftwareDeployment
-	softwareVersion  int // bumped at every listing, so the agent sees it again
-	signals          map[int64][]protocol.SoftwareSignal
-	logs             *fakeLogs // the run logs shipped (logship_test.go)
+	mu                sync.Mutex
+	calls             []string // "METHOD path auth"
+	tokens            map[string]bool
+	registers         []protocol.RegisterRequest
+	registerFailures  int // answer 503 to this many registrations first
+	heartbeats        []protocol.HeartbeatRequest
+	heartbeatEverySec int // the period the heartbeat's answers ask for
+	waits             []string
+	polling           int // work fetches being answered
+	generation        int // the agent process work is handed to (see testConfig)
+	queue             []protocol.WorkItem
+	notify            chan struct{}
+	runHeartbeats     map[int64]int
+	hbAttempts        map[int64][]int // attempts named by run heartbeats
+	cancelAfter       map[int64]int   // answer cancel from the Nth run heartbeat
+	runHBStatus       map[int64]int   // answer run heartbeats with this status
+	results           map[int64][]protocol.RunResult
+	resultPosts       map[int64]int
+	resultFailures    map[int64]int                 // answer 503 to this many result posts first
+	resultStatus      map[int64]int                 // answer result posts with this status
+	handBack          map[int64][]protocol.WorkItem // runs handed back with a run's result (a chain's next)
+	refuseResultLog   int                           // answer a result carrying a log with this status (an API that does not take it)
+	acks              map[int64][]int               // attempts acknowledged per run
+	ackStatus         map[int64]int                 // answer acks with this status
+	software          []protocol.SoftwareDeployment
+	softwareVersion   int // bumped at every listing, so the agent sees it again
+	signals           map[int64][]protocol.SoftwareSignal
+	logs              *fakeLogs // the run logs shipped (logship_test.go)
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -181,7 +182,7 @@ func (f *fakeAPI) heartbeat(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.heartbeats = append(f.heartbeats, req)
 	f.mu.Unlock()
-	writeJSON(w, protocol.HeartbeatResponse{NodeID: nodeID, Name: "node1.example.com"})
+	writeJSON(w, protocol.HeartbeatResponse{NodeID: nodeID, Name: "node1.example.com", EverySec: f.heartbeatEverySec})
 }
 
 func (f *fakeAPI) work(w http.ResponseWriter, r *http.Request) {
@@ -837,4 +838,32 @@ func setImmutable(t *testing.T, path string, on bool) {
 		flags &^= fsImmutableFL
 	}
 	require.NoError(t, unix.IoctlSetPointerInt(int(f.Fd()), unix.FS_IOC_SETFLAGS, flags))
+}
+
+// An agent not given a node heartbeat period keeps to the one the API asks
+// for in its answers; one given a period keeps to its own.
+func TestHeartbeatPeriodAskedByTheAPI(t *testing.T) {
+	f := newFakeAPI(t)
+	f.mu.Lock()
+	f.heartbeatEverySec = 1
+	f.mu.Unlock()
+	dir := t.TempDir()
+	stop, _ := start(t, testConfig(t, f, dir)) // enrolls
+	require.Eventually(t, func() bool { regs, _, _ := f.snapshot(); return len(regs) == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, stop())
+
+	beatsIn := func(cfg daemon.Config, d time.Duration) int {
+		_, before, _ := f.snapshot()
+		stop, _ := start(t, cfg)
+		time.Sleep(d)
+		require.NoError(t, stop())
+		_, after, _ := f.snapshot()
+		return len(after) - len(before)
+	}
+	cfg := testConfig(t, f, dir)
+	cfg.HeartbeatEvery = 0
+	assert.GreaterOrEqual(t, beatsIn(cfg, 2500*time.Millisecond), 3, "the first (with the stored credential), then one a second, not one in 10 s")
+	cfg = testConfig(t, f, dir)
+	cfg.HeartbeatEvery = time.Hour
+	assert.Equal(t, 1, beatsIn(cfg, 2500*time.Millisecond), "the first only: its own period")
 }

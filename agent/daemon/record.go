@@ -153,6 +153,10 @@ type journal struct {
 	lines int
 	// compactAt is the size past which the next append compacts it.
 	compactAt int64
+	// legacyFiles says that record files of agents before the journal
+	// were there when it was opened (none are written since: the work
+	// directory's lock keeps such agents out), so LoadRun looks for one.
+	legacyFiles bool
 }
 
 // journalEntry is where an attempt's last line is in the journal, and what
@@ -188,6 +192,9 @@ func (r *Records) LoadRun(runID int64, attempt int) (*RunRecord, error) {
 	}
 	if e, ok := j.index[runKey{runID, attempt}]; ok {
 		return j.record(e)
+	}
+	if !j.legacyFiles {
+		return nil, nil
 	}
 	var rec RunRecord
 	ok, err := loadRecord(r.RunRecordPath(runID, attempt), &rec)
@@ -363,6 +370,11 @@ func (r *Records) open() (*journal, error) {
 	}
 	if err == nil {
 		j.info, err = f.Stat()
+	}
+	if err == nil {
+		var legacy []string
+		legacy, err = filepath.Glob(filepath.Join(r.Dir, "run-*.json"))
+		j.legacyFiles = len(legacy) > 0
 	}
 	if err == nil {
 		err = errors.Join(syncDir(r.Dir), syncDir(filepath.Dir(r.Dir)))

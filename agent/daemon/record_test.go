@@ -230,7 +230,10 @@ func TestCreateRunRecord(t *testing.T) {
 	assert.Equal(t, daemon.JournalFile, entries[0].Name())
 	assert.Len(t, journalLines(t, recs.Dir), 3, "one line per record")
 
+	// A record file an older agent left, read by the next agent process.
 	require.NoError(t, os.WriteFile(recs.RunRecordPath(92, 1), []byte(`{"run_id": 92, "attempt": 1, "pha`), 0o600))
+	require.NoError(t, recs.Close())
+	recs = &daemon.Records{Dir: recs.Dir}
 	_, err = recs.LoadRun(92, 1)
 	assert.Error(t, err, "a torn record is unreadable")
 }

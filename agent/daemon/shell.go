@@ -100,6 +100,16 @@ type ShellExecutor struct {
 
 var _ Executor = (*ShellExecutor)(nil)
 
+// devNull is /dev/null opened once, the standard input of every command
+// (nil if it cannot be opened: exec then opens it itself).
+var devNull = sync.OnceValue(func() *os.File {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil
+	}
+	return f
+})
+
 // LogsDir is the directory, under the work directory, of the runs' log
 // files, one subdirectory per transaction (or noderole).
 const LogsDir = "logs"
@@ -195,6 +205,9 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	cmd := exec.Command(shell, "-c", item.Command)
 	cmd.Dir = e.WorkDir
 	cmd.Env = append(e.environ(item, outputsPath), attrs.environ()...)
+	if null := devNull(); null != nil {
+		cmd.Stdin = null // else exec opens it for each run
+	}
 	// Its own process group, so that a timeout stops everything it started;
 	// and killed with the agent (Pdeathsig), so that an agent killed with
 	// SIGKILL leaves no command running on that the next agent would then

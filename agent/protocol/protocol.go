@@ -81,6 +81,11 @@ type HeartbeatRequest struct {
 type HeartbeatResponse struct {
 	NodeID int64  `json:"node_id"`
 	Name   string `json:"name"`
+	// EverySec is the node heartbeat period the API asks for, a third of
+	// the silence after which it counts the node not alive (its
+	// -heartbeat-timeout, at least 30 s): an agent not told a period of
+	// its own keeps to it. Absent from older APIs.
+	EverySec int `json:"every_sec,omitempty"`
 }
 
 // WorkResponse lists the runs handed to this agent by one fetch. A run

@@ -170,7 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 		g.Go(func() error { api.RunReconciler(ctx, reconcilePeriod); return nil })
 		cfg.Log.Info("API listening", "url", "http://"+cfg.APIAddr)
 	}
-	g.Go(func() error { watchLiveness(ctx, store, cfg.Log); return nil })
+	g.Go(func() error { watchLiveness(ctx, store, web.NodeSilence(cfg.HeartbeatTimeoutSec), cfg.Log); return nil })
 	g.Go(func() error { <-ctx.Done(); return nil })
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -237,15 +237,12 @@ func NewWorker(tc client.Client, store *models.Store, taskQueue string, heartbea
 // software deployments whose workflow Temporal ended behind anneal's back.
 const reconcilePeriod = 30 * time.Second
 
-// Liveness: agents heartbeat every 10s; a node not heard from for three
-// heartbeats is not alive.
-const (
-	nodeSilence    = 30 * time.Second
-	livenessPeriod = 10 * time.Second
-)
+// livenessPeriod is how often the API process looks for silent nodes.
+const livenessPeriod = 10 * time.Second
 
-// watchLiveness marks silent nodes not alive until ctx ends.
-func watchLiveness(ctx context.Context, store *models.Store, log *slog.Logger) {
+// watchLiveness marks nodes silent for longer than silence (web.NodeSilence:
+// agents heartbeat every third of it) not alive until ctx ends.
+func watchLiveness(ctx context.Context, store *models.Store, nodeSilence time.Duration, log *slog.Logger) {
 	t := time.NewTicker(livenessPeriod)
 	defer t.Stop()
 	for {
