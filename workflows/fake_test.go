@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/suite"
+	sdklog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/worker"
@@ -351,12 +354,29 @@ func (f *fake) blocked() []int64 {
 // index returns where event sits in the call log, or -1.
 func (f *fake) index(event string) int { return slices.Index(f.calls(), event) }
 
+// waitFor waits, up to limit in wall time, for event to reach the call log:
+// for a call made on a goroutine of its own (a signal), whose order against
+// the activities is not the order the workflow made it in.
+func (f *fake) waitFor(event string, limit time.Duration) bool {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if f.index(event) >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // suiteBase gives every test a fresh environment with the workflows and
 // the activities registered and the activities faked.
 type suiteBase struct {
 	suite.Suite
 	testsuite.WorkflowTestSuite
 }
+
+// quietLogger keeps warnings and errors only: the test environment logs
+// every activity and timer at debug level, and a package's failing test
+// printed thousands of such lines around its assertion.
+var quietLogger = sdklog.NewStructuredLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 
 func (s *suiteBase) newEnv() (*testsuite.TestWorkflowEnvironment, *fake) {
 	env := loadedEnv(&s.WorkflowTestSuite)
@@ -397,8 +417,9 @@ func nodePlan(remote map[int64]string, runs ...contract.NodeRun) *contract.NodeP
 // loadedEnv is a workflow test environment whose deadlock detector allows
 // for a loaded machine: the suite runs beside Temporal, Postgres and agents
 // on two cores, where a workflow goroutine may wait past the default 1 s
-// for the CPU without being stuck.
+// for the CPU without being stuck. It logs warnings and errors only.
 func loadedEnv(ts *testsuite.WorkflowTestSuite) *testsuite.TestWorkflowEnvironment {
+	ts.SetLogger(quietLogger)
 	env := ts.NewTestWorkflowEnvironment()
 	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: time.Minute})
 	return env

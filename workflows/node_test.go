@@ -49,7 +49,9 @@ func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 		return nil
 	}
 	in := nodeInput("node-a", 1)
-	in.HeartbeatTimeoutSec = 5
+	// Long enough that the test environment, which times heartbeats in
+	// wall time, never times out run 1 on a loaded machine.
+	in.HeartbeatTimeoutSec = 50
 	env.ExecuteWorkflow(contract.NodeWorkflow, in)
 
 	s.Require().True(env.IsWorkflowCompleted())
@@ -62,8 +64,8 @@ func (s *NodeSuite) TestRunsInPlanOrderAfterLocalParents() {
 		{RunID: 5, Task: "task5", Node: "node-a"},
 	}, f.runs)
 	s.Equal(1, f.maxRuns, "runs of one node must not overlap")
-	s.Equal(5*time.Second, hb, "heartbeat timeout comes from the input")
-	s.Equal(30*time.Second+2*5*time.Second, stc, "start-to-close is the task timeout plus two heartbeats")
+	s.Equal(50*time.Second, hb, "heartbeat timeout comes from the input")
+	s.Equal(30*time.Second+2*50*time.Second, stc, "start-to-close is the task timeout plus two heartbeats")
 	s.Equal(contract.NodeResult{Succeeded: 7}, s.result(env))
 }
 
@@ -438,13 +440,24 @@ func (s *NodeSuite) TestChainsOfReadyRuns() {
 		contract.NodeRun{ID: 6, Parents: []int64{5}, NoOp: true},
 		contract.NodeRun{ID: 7, Parents: []int64{6}},
 	)
+	// The wake-up goes out in the same workflow task as the chain of run
+	// 4, and the mock of SignalExternalWorkflow runs on a goroutine of its
+	// own: run 4 waits for it rather than race it. Sent only at the end of
+	// the node, it would never come while run 4 runs.
+	wokenDuringRun4 := false
+	f.runTask = func(_ context.Context, in contract.RunTaskInput) error {
+		if in.RunID == 4 {
+			wokenDuringRun4 = f.waitFor("signal tx-T/node-c", 10*time.Second)
+		}
+		return nil
+	}
 	env.ExecuteWorkflow(contract.NodeWorkflow, nodeInput("node-a", 1))
 
 	s.Require().True(env.IsWorkflowCompleted())
 	s.Require().NoError(env.GetWorkflowError())
 	s.Equal([][]int64{{1, 2, 3}, {4, 5}}, f.chains)
 	s.Equal([]int64{1, 2, 3, 4, 5, 7}, f.runIDs(), "6 has nothing to run, 7 is left alone")
-	s.Less(f.index("signal tx-T/node-c"), f.index("run 4"), "node-c is woken when run 3 ends, not at the end of the node")
+	s.True(wokenDuringRun4, "node-c is woken when run 3 ends, not at the end of the node")
 	s.Equal(contract.NodeResult{Succeeded: 7}, s.result(env))
 }
 
