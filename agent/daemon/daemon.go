@@ -695,7 +695,9 @@ func (a *agent) finish(ctx context.Context, log *slog.Logger, rec *RunRecord, re
 // keeps the log.
 func (a *agent) finishWithLog(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult, tail *logTail) {
 	rec.Phase, rec.Result = PhaseFinished, &res
-	if err := a.records.SaveRun(rec); err != nil {
+	// Synced only if the API does not take it at once (sendReport): in a
+	// chain, the next run's started record syncs it with its own.
+	if err := a.records.SaveRunUnsynced(rec); err != nil {
 		// The result still goes out; only a repeated offer would miss it.
 		log.Error("cannot store the run's result durably", "error", err)
 	}
@@ -818,11 +820,16 @@ func (a *agent) report(ctx context.Context, log *slog.Logger, runID int64, res p
 }
 
 // sendReport is report without the logging: the last error, nil once the
-// API took the result.
+// API took the result. A result the API did not take at the first try is
+// made durable (Records.Sync) before the agent waits to try again: until
+// the API has it, the journal is its only copy.
 func (a *agent) sendReport(ctx context.Context, runID int64, res protocol.RunResult) error {
 	return a.retry(ctx, "reporting the result", func(ctx context.Context) error {
 		next, err := a.rep.Report(ctx, runID, res)
 		a.handBack(next)
+		if err != nil {
+			a.syncRecords()
+		}
 		return err
 	})
 }
@@ -833,7 +840,17 @@ func (a *agent) reportOnce(ctx context.Context, log *slog.Logger, runID int64, r
 	defer cancel()
 	next, err := a.rep.Report(rctx, runID, res)
 	a.handBack(next)
+	if err != nil {
+		a.syncRecords()
+	}
 	a.logReport(rctx, log, err)
+}
+
+// syncRecords makes the run journal's unsynced results durable.
+func (a *agent) syncRecords() {
+	if err := a.records.Sync(); err != nil {
+		a.log.Error("cannot store the run results durably", "error", err)
+	}
 }
 
 // handBack keeps runs the API handed back with a report for the work loop.

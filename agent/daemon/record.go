@@ -8,8 +8,11 @@ package daemon
 // before the command starts, the agent appends the run's record marked
 // started to its journal, <WorkDir>/records/runs.journal, and when the
 // command ends it appends the record again with the result. Each append is
-// one line of JSON, written and fdatasynced before the agent goes on; an
-// attempt's record is its last line in the journal. A run offered again is
+// one line of JSON; an attempt's record is its last line in the journal.
+// The started line is fdatasynced before the command starts. The finished
+// line is synced only if the API does not take the result at once (else
+// by the next synced line, or the kernel's writeback): a host crash before
+// then leaves the started line, as a crash while it was written would. A run offered again is
 // therefore never executed twice: its stored result is reported again, or,
 // when a previous agent process died while running it, it is reported as
 // failed with that reason. A new attempt (a retry decided by the server)
@@ -18,8 +21,8 @@ package daemon
 // One journal rather than a file per attempt: creating a file per run cost
 // an inode (on ext4 without a journal, a scan of the recently freed ones
 // each time), a sync of the file and one of the directory, and appending
-// the result another sync; the journal costs one fdatasync per record and
-// no new file. In memory the agent keeps where each attempt's last line is
+// the result another sync; the journal costs one fdatasync per run when the
+// API takes its result at once (the started line's), and no new file. In memory the agent keeps where each attempt's last line is
 // (with its phase and time), not the records: results carry output tails,
 // and a busy node keeps a week of them.
 //
@@ -157,7 +160,12 @@ type journal struct {
 	// were there when it was opened (none are written since: the work
 	// directory's lock keeps such agents out), so LoadRun looks for one.
 	legacyFiles bool
+	// unsynced says that lines were appended since the last fdatasync.
+	unsynced bool
 }
+
+// fdatasync is unix.Fdatasync; tests count the journal's syncs through it.
+var fdatasync = unix.Fdatasync
 
 // journalEntry is where an attempt's last line is in the journal, and what
 // compaction and Unfinished need to know of it without reading it.
@@ -208,7 +216,34 @@ func (r *Records) LoadRun(runID int64, attempt int) (*RunRecord, error) {
 // and fdatasynced before it returns. A crash while it is written leaves a
 // torn line that the next reading of the journal drops, so the attempt's
 // line before it stands (see the file's comment).
-func (r *Records) SaveRun(rec *RunRecord) error {
+func (r *Records) SaveRun(rec *RunRecord) error { return r.saveRun(rec, true) }
+
+// SaveRunUnsynced is SaveRun without the fdatasync: the line is in the
+// page cache, where the agent's process dying cannot lose it, but a crash
+// of the host can, until Sync or the next durable append (which syncs the
+// whole journal) makes it durable. For a result the API is about to take:
+// once the API has it, the agent's copy only answers an offer of the same
+// attempt again, which the API no longer makes, and a host crash that
+// loses the line leaves the started one, reported interrupted and refused
+// as late. What is still unreported gets a Sync (see agent.sendReport).
+func (r *Records) SaveRunUnsynced(rec *RunRecord) error { return r.saveRun(rec, false) }
+
+// Sync makes the journal's unsynced lines (SaveRunUnsynced) durable; it
+// does nothing when there are none.
+func (r *Records) Sync() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.j == nil || !r.j.unsynced {
+		return nil
+	}
+	if err := fdatasync(int(r.j.f.Fd())); err != nil {
+		return fmt.Errorf("fdatasync %s: %w", r.journalPath(), err)
+	}
+	r.j.unsynced = false
+	return nil
+}
+
+func (r *Records) saveRun(rec *RunRecord, durable bool) error {
 	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
 	data, err := json.Marshal(rec)
 	if err != nil {
@@ -220,7 +255,7 @@ func (r *Records) SaveRun(rec *RunRecord) error {
 	if err != nil {
 		return err
 	}
-	if err := j.append(data, rec); err != nil {
+	if err := j.append(data, rec, durable); err != nil {
 		// A line may be half written: the journal is read again, and
 		// the torn line cut off, before the next append.
 		r.closeJournal()
@@ -423,6 +458,9 @@ func (r *Records) current() (*journal, error) {
 // caller holds mu.
 func (r *Records) closeJournal() {
 	if r.j != nil {
+		if r.j.unsynced {
+			_ = fdatasync(int(r.j.f.Fd())) // best effort: what was written stays written
+		}
 		r.j.f.Close()
 		r.j = nil
 	}
@@ -466,7 +504,8 @@ func (r *Records) compact(j *journal, cutoff time.Time) error {
 		return fmt.Errorf("compact %s: %w", path, err)
 	}
 	// The open file is the journal replaced: whatever happens next, the
-	// next use opens the new one.
+	// next use opens the new one, where its lines are durable.
+	j.unsynced = false
 	r.closeJournal()
 	nj, err := r.open()
 	if err != nil {
@@ -510,12 +549,12 @@ func (j *journal) add(off int64, line []byte) {
 	j.index[runKey{h.RunID, h.Attempt}] = journalEntry{off: off, n: len(line), phase: h.Phase, updated: h.UpdatedAt}
 }
 
-// append writes data, rec encoded, as a line at the journal's end and
-// syncs it. Where the line went is what the file offset says after the
-// write (on Linux, the end of what an O_APPEND write wrote): should
-// another Records have appended since the journal was last read, its
-// lines are read too.
-func (j *journal) append(data []byte, rec *RunRecord) error {
+// append writes data, rec encoded, as a line at the journal's end and,
+// if durable, syncs the journal. Where the line went is what the file
+// offset says after the write (on Linux, the end of what an O_APPEND write
+// wrote): should another Records have appended since the journal was last
+// read, its lines are read too.
+func (j *journal) append(data []byte, rec *RunRecord, durable bool) error {
 	line := append(data, '\n')
 	if _, err := j.f.Write(line); err != nil {
 		return err
@@ -524,9 +563,12 @@ func (j *journal) append(data []byte, rec *RunRecord) error {
 	if err != nil {
 		return err
 	}
-	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
-		return fmt.Errorf("fdatasync: %w", err)
+	if durable {
+		if err := fdatasync(int(j.f.Fd())); err != nil {
+			return fmt.Errorf("fdatasync: %w", err)
+		}
 	}
+	j.unsynced = !durable
 	if off := end - int64(len(line)); off != j.end {
 		_, err := j.read()
 		return err
