@@ -12,19 +12,20 @@ package daemon
 // The started line is fdatasynced before the command starts. The finished
 // line is synced only if the API does not take the result at once (else
 // by the next synced line, or the kernel's writeback): a host crash before
-// then leaves the started line, as a crash while it was written would. A run offered again is
-// therefore never executed twice: its stored result is reported again, or,
-// when a previous agent process died while running it, it is reported as
-// failed with that reason. A new attempt (a retry decided by the server)
-// has a new number and a record of its own.
+// then leaves the started line, as a crash while it was written would. A
+// run offered again is therefore never executed twice: its stored result
+// is reported again, or, when a previous agent process died while running
+// it, it is reported as failed with that reason. A new attempt (a retry
+// decided by the server) has a new number and a record of its own.
 //
 // One journal rather than a file per attempt: creating a file per run cost
 // an inode (on ext4 without a journal, a scan of the recently freed ones
 // each time), a sync of the file and one of the directory, and appending
-// the result another sync; the journal costs one fdatasync per run when the
-// API takes its result at once (the started line's), and no new file. In memory the agent keeps where each attempt's last line is
-// (with its phase and time), not the records: results carry output tails,
-// and a busy node keeps a week of them.
+// the result another sync; the journal costs one fdatasync per run when
+// the API takes its result at once (the started line's), and no new file.
+// In memory the agent keeps where each attempt's last line is (with its
+// phase and time), not the records: results carry output tails, and a busy
+// node keeps a week of them.
 //
 // A crash while a line is appended leaves it torn at the journal's end. The
 // next process reading the journal cuts it off before it appends, and the
