@@ -71,15 +71,27 @@ const noOutputsHashSQL = `encode(sha256(convert_to(d.inputs_base, 'UTF8') || '\x
 var lcmLastRunWhere = fmt.Sprintf(lastRunsWhere, "(SELECT deployment_id FROM transactions WHERE id = d.transaction_id)", "d.graph_type",
 	"r.node_id = d.node_id AND r.task_name = d.task_name AND r.id <> d.id")
 
+// reportQuery is reportSQL ready to run: positional (positionalSQL),
+// with its parameters' names in order and the task_runs columns of its
+// answer's rows, between part and log_stored.
+type reportQuery struct {
+	sql     string
+	params  []string
+	columns []string
+}
+
 // reportStatement is reportSQL with the two column lists of its answer,
 // one per row, made once: every column of task_runs, the reported run's read back from res
 // where resultColumns has it (NULL elsewhere: what the report wrote is
 // known already, and a run's spec and attributes are JSON to decode), the
 // next run's whole, as its work item is built from it.
-var reportStatement = sync.OnceValue(func() string {
+var reportStatement = sync.OnceValue(func() reportQuery {
 	s, err := schema.Parse(&TaskRun{}, &sync.Map{}, schema.NamingStrategy{})
 	if err != nil {
 		panic(fmt.Sprintf("parse the task run model: %v", err)) // a programming error
+	}
+	if _, err := (&TaskRun{}).taskRunDests(s.DBNames); err != nil {
+		panic(err) // a programming error: a column added without columnDest
 	}
 	read := map[string]bool{}
 	for _, c := range strings.Split(resultColumns, ",") {
@@ -94,7 +106,8 @@ var reportStatement = sync.OnceValue(func() string {
 		}
 		next = append(next, "d."+c)
 	}
-	return fmt.Sprintf(reportSQL, strings.Join(reported, ", "), strings.Join(next, ", "))
+	q, params := positionalSQL(fmt.Sprintf(reportSQL, strings.Join(reported, ", "), strings.Join(next, ", ")))
+	return reportQuery{sql: q, params: params, columns: s.DBNames}
 })
 
 // reportAndContinue runs reportSQL for run, the result resultOf made of a
@@ -110,23 +123,38 @@ func reportAndContinue(db *gorm.DB, run *TaskRun, nodeID int64, attempt int, chu
 		return false, false, nil, err
 	}
 	params["dispatch"], params["lease"] = dispatch, ackLeaseOr(lease).Seconds()
-	var rows []struct {
-		Part int
-		TaskRun
-		LogStored bool
-	}
-	if err := db.Raw(reportStatement(), params).Find(&rows).Error; err != nil {
+	q := reportStatement()
+	args, err := positionalArgs(q.params, params)
+	if err != nil {
 		return false, false, nil, fmt.Errorf("record result of run %d: %w", run.ID, err)
 	}
-	for i := range rows {
-		switch rows[i].Part {
+	rows, err := rawPositional(db, q.sql, args).Rows()
+	if err != nil {
+		return false, false, nil, fmt.Errorf("record result of run %d: %w", run.ID, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var part int
+		var row TaskRun
+		var stored bool
+		dests, err := row.taskRunDests(q.columns)
+		if err != nil {
+			return false, false, nil, err
+		}
+		if err := rows.Scan(append(append([]any{&part}, dests...), &stored)...); err != nil {
+			return false, false, nil, fmt.Errorf("read the report of run %d: %w", run.ID, err)
+		}
+		switch part {
 		case 1:
-			readBack(run, rows[i].TaskRun)
-			recorded, logStored = true, rows[i].LogStored
+			readBack(run, row)
+			recorded, logStored = true, stored
 		case 2:
-			next = &rows[i].TaskRun
+			next = &row
 			next.Context = &RunContext{Outputs: []RunOutputs{}, Peers: []string{}}
 		}
+	}
+	if err := rows.Err(); err != nil {
+		return false, false, nil, fmt.Errorf("read the report of run %d: %w", run.ID, err)
 	}
 	return recorded, logStored, next, nil
 }
