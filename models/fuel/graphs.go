@@ -74,13 +74,10 @@ func resolveGraph(tx *gorm.DB, dep *models.Deployment, graphType string) (*Resol
 	if len(graphs) == 0 {
 		return nil, models.NotFound("graph type", graphType)
 	}
-	out := &ResolvedGraph{Type: graphType, Metadata: map[string]any{}, Tasks: []plan.Task{}}
+	out := &ResolvedGraph{Type: graphType, Metadata: mergedMetadata(graphs), Tasks: []plan.Task{}}
 	index := map[string]int{}
 	for _, g := range graphs {
 		out.Sources = append(out.Sources, GraphSource{OwnerKind: g.OwnerKind, OwnerID: g.OwnerID, Name: g.Name})
-		for k, v := range g.Metadata {
-			out.Metadata[k] = v
-		}
 		for _, t := range g.Tasks {
 			if i, ok := index[t.ID]; ok {
 				out.Tasks[i] = t
@@ -91,6 +88,33 @@ func resolveGraph(tx *gorm.DB, dep *models.Deployment, graphType string) (*Resol
 		}
 	}
 	return out, nil
+}
+
+// graphMetadata is the Metadata of resolveGraph's graph alone: what
+// finishing a node's graph needs, read without the graphs' tasks (a node
+// of a thousand-node transaction decoded them all before).
+func graphMetadata(tx *gorm.DB, dep *models.Deployment, graphType string) (map[string]any, error) {
+	var graphs []Graph
+	err := visibleGraphs(tx.Model(&Graph{}).Select("metadata").Where("type = ?", graphType), dep).Order(mergeOrder).Find(&graphs).Error
+	if err != nil {
+		return nil, fmt.Errorf("load %s graphs of deployment %s: %w", graphType, dep.Name, err)
+	}
+	if len(graphs) == 0 {
+		return nil, models.NotFound("graph type", graphType)
+	}
+	return mergedMetadata(graphs), nil
+}
+
+// mergedMetadata merges graphs' metadata in their order (mergeOrder): a
+// later graph's key wins.
+func mergedMetadata(graphs []Graph) map[string]any {
+	out := map[string]any{}
+	for _, g := range graphs {
+		for k, v := range g.Metadata {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // GraphTypes lists the graph types a deployment can run: those of its

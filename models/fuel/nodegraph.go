@@ -77,17 +77,17 @@ func (s *Store) StartNodeGraph(ctx context.Context, nodeID int64) error {
 func (s *Store) FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeID int64, outcome string) error {
 	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var txn Transaction
-		if err := tx.Take(&txn, "id = ?", id).Error; err != nil {
+		if err := tx.Select("id", "deployment_id", "graphs").Take(&txn, "id = ?", id).Error; err != nil {
 			return fmt.Errorf("load transaction %s: %w", id, err)
 		}
 		if gi < 0 || gi >= len(txn.Graphs) {
 			return fmt.Errorf("transaction %s has no graph %d", id, gi)
 		}
 		var dep models.Deployment
-		if err := tx.Take(&dep, txn.DeploymentID).Error; err != nil {
+		if err := tx.Select("id", "name", "release_id").Take(&dep, txn.DeploymentID).Error; err != nil {
 			return fmt.Errorf("load deployment of %s: %w", id, err)
 		}
-		graph, err := resolveGraph(tx, &dep, txn.Graphs[gi].Type)
+		metadata, err := graphMetadata(tx, &dep, txn.Graphs[gi].Type)
 		if err != nil && !errors.Is(err, models.ErrNotFound) {
 			return err
 		}
@@ -96,8 +96,8 @@ func (s *Store) FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeI
 			return fmt.Errorf("load node %d: %w", nodeID, err)
 		}
 		updates := map[string]any{}
-		if graph != nil {
-			updates = nodeAttributeUpdates(&node, callbackAttributes(graph.Metadata, outcome))
+		if metadata != nil {
+			updates = nodeAttributeUpdates(&node, callbackAttributes(metadata, outcome))
 		}
 		updates["progress"] = 100
 		updates["updated_at"] = models.Now()
