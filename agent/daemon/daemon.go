@@ -695,8 +695,8 @@ func (a *agent) finish(ctx context.Context, log *slog.Logger, rec *RunRecord, re
 // keeps the log.
 func (a *agent) finishWithLog(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult, tail *logTail) {
 	rec.Phase, rec.Result = PhaseFinished, &res
-	// Synced only if the API does not take it at once (sendReport): in a
-	// chain, the next run's started record syncs it with its own.
+	// Synced only if the agent has to wait for the API first (retry,
+	// sendReport): in a chain, the next run's started record syncs it.
 	if err := a.records.SaveRunUnsynced(rec); err != nil {
 		// The result still goes out; only a repeated offer would miss it.
 		log.Error("cannot store the run's result durably", "error", err)
@@ -848,6 +848,9 @@ func (a *agent) reportOnce(ctx context.Context, log *slog.Logger, runID int64, r
 
 // syncRecords makes the run journal's unsynced results durable.
 func (a *agent) syncRecords() {
+	if a.records == nil {
+		return
+	}
 	if err := a.records.Sync(); err != nil {
 		a.log.Error("cannot store the run results durably", "error", err)
 	}
@@ -915,6 +918,9 @@ func (a *agent) retry(ctx context.Context, what string, f func(context.Context) 
 		}
 		d := b.next()
 		a.log.Warn(what+" failed; retrying", "error", err, "retry_in", d)
+		// Results the API has not taken yet (a report, or the log
+		// shipped before it) are made durable before any wait.
+		a.syncRecords()
 		if !sleep(ctx, d) {
 			return err
 		}

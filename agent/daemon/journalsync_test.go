@@ -28,13 +28,17 @@ func countSyncs(t *testing.T) *atomic.Int64 {
 	return &n
 }
 
-// flakyReporter fails the first fails reports with a retryable error.
+// flakyReporter fails the first fails reports with a retryable error,
+// noting how many syncs the journal had when each report came.
 type flakyReporter struct {
-	fails   int
-	reports atomic.Int64
+	fails    int
+	syncs    *atomic.Int64
+	reports  atomic.Int64
+	syncedAt []int64
 }
 
 func (r *flakyReporter) Report(context.Context, int64, protocol.RunResult) ([]protocol.WorkItem, error) {
+	r.syncedAt = append(r.syncedAt, r.syncs.Load())
 	if int(r.reports.Add(1)) <= r.fails {
 		return nil, errors.New("connection refused")
 	}
@@ -49,23 +53,24 @@ func (r *flakyReporter) RunHeartbeat(context.Context, int64, int) (bool, error) 
 // process (the page cache keeps it when an agent is killed).
 func TestResultSyncedOnlyWhenNotTakenAtOnce(t *testing.T) {
 	for name, tc := range map[string]struct {
-		fails, syncs int
+		fails    int
+		syncedAt []int64 // the journal's syncs when each report was sent
 	}{
-		"taken at once":          {fails: 0, syncs: 1},
-		"taken at the third try": {fails: 2, syncs: 2},
+		"taken at once":          {fails: 0, syncedAt: []int64{1}},
+		"taken at the third try": {fails: 2, syncedAt: []int64{1, 2, 2}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			syncs := countSyncs(t)
 			dir := filepath.Join(t.TempDir(), RecordsDir)
-			rep := &flakyReporter{fails: tc.fails}
+			rep := &flakyReporter{fails: tc.fails, syncs: syncs}
 			a := &agent{cfg: Config{RetryMin: time.Millisecond, RetryMax: time.Millisecond},
 				log: slog.New(slog.NewTextHandler(io.Discard, nil)), rep: rep, records: &Records{Dir: dir}}
 			rec := &RunRecord{RunID: 1, Attempt: 1, Task: "t", Phase: PhaseStarted}
 			require.NoError(t, a.records.CreateRun(rec))
 			a.finish(context.Background(), a.log, rec, protocol.RunResult{Attempt: 1, ExitCode: 3})
 
-			assert.EqualValues(t, tc.fails+1, rep.reports.Load())
-			assert.EqualValues(t, tc.syncs, syncs.Load())
+			assert.Equal(t, tc.syncedAt, rep.syncedAt, "the result is synced after the first failed report, before the retry, and only once")
+			assert.EqualValues(t, tc.syncedAt[len(tc.syncedAt)-1], syncs.Load())
 			got, err := (&Records{Dir: dir}).LoadRun(1, 1)
 			require.NoError(t, err)
 			require.NotNil(t, got)
@@ -93,4 +98,38 @@ func TestJournalSyncOnlyWhatIsUnsynced(t *testing.T) {
 	require.NoError(t, recs.CreateRun(&RunRecord{RunID: 3, Attempt: 1, Phase: PhaseStarted}))
 	require.NoError(t, recs.Sync())
 	assert.EqualValues(t, 2, syncs.Load(), "the started record's sync covered the result before it")
+}
+
+// Any retried request (the log shipped before a report, an ack) makes the
+// journal's unsynced results durable before it waits; so does closing it,
+// and a journal opened again after a killed process counts as unsynced.
+func TestJournalSyncedBeforeAnyWait(t *testing.T) {
+	syncs := countSyncs(t)
+	dir := filepath.Join(t.TempDir(), RecordsDir)
+	a := &agent{cfg: Config{RetryMin: time.Millisecond, RetryMax: time.Millisecond},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), records: &Records{Dir: dir}}
+	res := protocol.RunResult{Attempt: 1}
+	require.NoError(t, a.records.SaveRunUnsynced(&RunRecord{RunID: 1, Attempt: 1, Phase: PhaseFinished, Result: &res}))
+	calls := 0
+	err := a.retry(context.Background(), "shipping the log", func(context.Context) error {
+		calls++
+		if calls == 1 {
+			assert.EqualValues(t, 0, syncs.Load())
+			return errors.New("connection refused")
+		}
+		assert.EqualValues(t, 1, syncs.Load(), "synced before the wait")
+		return nil
+	})
+	require.NoError(t, err)
+
+	require.NoError(t, a.records.SaveRunUnsynced(&RunRecord{RunID: 2, Attempt: 1, Phase: PhaseFinished, Result: &res}))
+	require.NoError(t, a.records.Close())
+	assert.EqualValues(t, 2, syncs.Load(), "Close syncs what is unsynced")
+
+	again := &Records{Dir: dir}
+	require.NoError(t, again.Sync(), "no journal open yet")
+	_, err = again.LoadRun(1, 1)
+	require.NoError(t, err)
+	require.NoError(t, again.Sync())
+	assert.EqualValues(t, 3, syncs.Load(), "what a killed process left unsynced is synced by the next one")
 }

@@ -10,9 +10,10 @@ package daemon
 // command ends it appends the record again with the result. Each append is
 // one line of JSON; an attempt's record is its last line in the journal.
 // The started line is fdatasynced before the command starts. The finished
-// line is synced only if the API does not take the result at once (else
-// by the next synced line, or the kernel's writeback): a host crash before
-// then leaves the started line, as a crash while it was written would. A
+// line is synced only if the agent has to wait for the API before it takes
+// the result (else by the next synced line, or the kernel's writeback): a
+// host crash before then leaves the started line, as a crash while it was
+// written would. A
 // run offered again is therefore never executed twice: its stored result
 // is reported again, or, when a previous agent process died while running
 // it, it is reported as failed with that reason. A new attempt (a retry
@@ -226,7 +227,8 @@ func (r *Records) SaveRun(rec *RunRecord) error { return r.saveRun(rec, true) }
 // once the API has it, the agent's copy only answers an offer of the same
 // attempt again, which the API no longer makes, and a host crash that
 // loses the line leaves the started one, reported interrupted and refused
-// as late. What is still unreported gets a Sync (see agent.sendReport).
+// as late. What is still unreported gets a Sync before the agent waits
+// for the API (agent.retry, agent.sendReport), and at Close.
 func (r *Records) SaveRunUnsynced(rec *RunRecord) error { return r.saveRun(rec, false) }
 
 // Sync makes the journal's unsynced lines (SaveRunUnsynced) durable; it
@@ -362,7 +364,11 @@ func (r *Records) Close() error {
 	if r.j == nil {
 		return nil
 	}
-	err := r.j.f.Close()
+	var err error
+	if r.j.unsynced {
+		err = fdatasync(int(r.j.f.Fd()))
+	}
+	err = errors.Join(err, r.j.f.Close())
 	r.j = nil
 	if err != nil {
 		return fmt.Errorf("close %s: %w", r.journalPath(), err)
@@ -419,6 +425,9 @@ func (r *Records) open() (*journal, error) {
 	// failed keeps the back-off of a compaction that failed (a full disk),
 	// and Prune compacts it at the agent's start anyway.
 	j.compactAt = max(r.compactSize(), 2*j.end)
+	// A process killed after an unsynced append left that line in the page
+	// cache only: the next Sync makes what was read durable too.
+	j.unsynced = j.end > 0
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
