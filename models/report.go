@@ -33,8 +33,9 @@ import (
 // UPDATE rechecks. Unlike a dispatch, it does not lock the node's row:
 // that lock makes a check that the node is free and the dispatch one
 // step, and here the node is never free, its run ending and the next one
-// starting in the same commit. %[1]s is the reported run's columns for the first row
-// of the answer, %[2]s the next run's for the second (see reportStatement).
+// starting in the same commit. %[1]s is the reported run's columns for the
+// first row of the answer, %[2]s the next run's for the second (see
+// reportStatement).
 var reportSQL = `WITH res AS (
   UPDATE task_runs SET ` + resultSetSQL + `
   WHERE id = @run AND node_id = @node AND attempt = @attempt AND state = @running
@@ -81,10 +82,10 @@ type reportQuery struct {
 }
 
 // reportStatement is reportSQL with the two column lists of its answer,
-// one per row, made once: every column of task_runs, the reported run's read back from res
-// where resultColumns has it (NULL elsewhere: what the report wrote is
-// known already, and a run's spec and attributes are JSON to decode), the
-// next run's whole, as its work item is built from it.
+// one per row, made once: every column of task_runs, the reported run's
+// read back from res where resultColumns has it (NULL elsewhere: what the
+// report wrote is known already, and a run's spec and attributes are JSON
+// to decode), the next run's whole, as its work item is built from it.
 var reportStatement = sync.OnceValue(func() reportQuery {
 	s, err := schema.Parse(&TaskRun{}, &sync.Map{}, schema.NamingStrategy{})
 	if err != nil {

@@ -695,8 +695,8 @@ func (a *agent) finish(ctx context.Context, log *slog.Logger, rec *RunRecord, re
 // keeps the log.
 func (a *agent) finishWithLog(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult, tail *logTail) {
 	rec.Phase, rec.Result = PhaseFinished, &res
-	// Synced only if the agent has to wait for the API first (retry,
-	// sendReport): in a chain, the next run's started record syncs it.
+	// Synced only if the agent has to wait for the API first (retry) or
+	// stops: in a chain, the next run's started record syncs it.
 	if err := a.records.SaveRunUnsynced(rec); err != nil {
 		// The result still goes out; only a repeated offer would miss it.
 		log.Error("cannot store the run's result durably", "error", err)
@@ -821,15 +821,12 @@ func (a *agent) report(ctx context.Context, log *slog.Logger, runID int64, res p
 
 // sendReport is report without the logging: the last error, nil once the
 // API took the result. A result the API did not take at the first try is
-// made durable (Records.Sync) before the agent waits to try again: until
-// the API has it, the journal is its only copy.
+// made durable before the agent waits to try again (retry): until the API
+// has it, the journal is its only copy.
 func (a *agent) sendReport(ctx context.Context, runID int64, res protocol.RunResult) error {
 	return a.retry(ctx, "reporting the result", func(ctx context.Context) error {
 		next, err := a.rep.Report(ctx, runID, res)
 		a.handBack(next)
-		if err != nil {
-			a.syncRecords()
-		}
 		return err
 	})
 }
@@ -840,17 +837,12 @@ func (a *agent) reportOnce(ctx context.Context, log *slog.Logger, runID int64, r
 	defer cancel()
 	next, err := a.rep.Report(rctx, runID, res)
 	a.handBack(next)
-	if err != nil {
-		a.syncRecords()
-	}
-	a.logReport(rctx, log, err)
+	a.logReport(rctx, log, err) // the journal is synced when it is closed, as the agent stops
+
 }
 
 // syncRecords makes the run journal's unsynced results durable.
 func (a *agent) syncRecords() {
-	if a.records == nil {
-		return
-	}
 	if err := a.records.Sync(); err != nil {
 		a.log.Error("cannot store the run results durably", "error", err)
 	}

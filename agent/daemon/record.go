@@ -228,7 +228,7 @@ func (r *Records) SaveRun(rec *RunRecord) error { return r.saveRun(rec, true) }
 // attempt again, which the API no longer makes, and a host crash that
 // loses the line leaves the started one, reported interrupted and refused
 // as late. What is still unreported gets a Sync before the agent waits
-// for the API (agent.retry, agent.sendReport), and at Close.
+// for the API (agent.retry), and at Close.
 func (r *Records) SaveRunUnsynced(rec *RunRecord) error { return r.saveRun(rec, false) }
 
 // Sync makes the journal's unsynced lines (SaveRunUnsynced) durable; it
