@@ -5,8 +5,9 @@ import "gorm.io/gorm"
 // The agents' work queries, for the test of their plans
 // (TestWorkQueriesUseAnIndex).
 const (
-	ClaimWorkSQL = claimWorkSQL
-	NextOfferSQL = nextOfferSQL
+	ClaimWorkSQL        = claimWorkSQL
+	NextOfferSQL        = nextOfferSQL
+	ClaimOrNextOfferSQL = claimOrNextOfferSQL
 )
 
 // UpstreamOutputsReference reads, by a query of its own, the outputs of

@@ -35,17 +35,28 @@ func TestClaimLease(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, next.IsZero(), "nothing handed out yet")
 
-	claimed, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	claimed, next, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
+	assert.True(t, next.IsZero(), "a poll that claims has no next offer to wait for")
 	assert.Equal(t, 1, claimed[0].Attempt)
-	again, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	assert.Equal(t, setup.ID, claimed[0].ID)
+	assert.Equal(t, storetest.CtlName, claimed[0].NodeName)
+	assert.Equal(t, setup.Spec, claimed[0].Spec, "the claimed run comes whole")
+	// The one query that claims nothing answers when to look again, as
+	// NextOffer does.
+	again, polled, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease)
 	require.NoError(t, err)
 	assert.Empty(t, again, "within the lease the run is not offered again")
 	next, err = f.Store.NextOffer(f.Ctx, f.Ctl.ID)
 	require.NoError(t, err)
 	require.False(t, next.IsZero())
 	assert.WithinDuration(t, time.Now().Add(lease), next, 2*time.Second)
+	assert.True(t, polled.Equal(next), "claim's next offer %v, NextOffer's %v", polled, next)
+	other, otherNext, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Cmp.ID, lease)
+	require.NoError(t, err)
+	assert.Empty(t, other)
+	assert.True(t, otherNext.IsZero(), "another node has nothing handed out")
 
 	// The lease passes without an acknowledgement: offered again, same
 	// attempt (the agent's record makes a second delivery harmless).
@@ -165,17 +176,14 @@ func TestWorkQueriesUseAnIndex(t *testing.T) {
 	for _, q := range []struct {
 		sql    string
 		params string
-	}{{models.ClaimWorkSQL, "(float8, bigint)"}, {models.NextOfferSQL, "(bigint)"}} {
+	}{{models.ClaimWorkSQL, "(float8, bigint)"}, {models.NextOfferSQL, "(bigint)"}, {models.ClaimOrNextOfferSQL, "(float8, bigint, bigint)"}} {
 		// Number the placeholders as PREPARE wants them.
 		sql, n := q.sql, 0
 		for strings.Contains(sql, "?") {
 			n++
 			sql = strings.Replace(sql, "?", fmt.Sprintf("$%d", n), 1)
 		}
-		args := "(5, 1)"
-		if n == 1 {
-			args = "(1)"
-		}
+		args := map[int]string{1: "(1)", 2: "(5, 1)", 3: "(5, 1, 1)"}[n]
 		var plan []string
 		err := f.Store.DB.Connection(func(tx *gorm.DB) error {
 			for _, stmt := range []string{"SET enable_seqscan = off", "SET plan_cache_mode = force_generic_plan",

@@ -504,16 +504,57 @@ const DefaultAckLease = 5 * time.Second
 // command twice. The lease lives in Postgres: a restarted server offers
 // again what its predecessor handed out unacknowledged.
 func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, error) {
-	lease = ackLeaseOr(lease)
-	var runs []TaskRun
-	// The state is a literal, so that task_runs_node_unfinished_idx serves
-	// the query from a cached generic plan too (as NextOffer's).
-	err := s.DB.WithContext(ctx).Raw(claimWorkSQL, lease.Seconds(), nodeID).Find(&runs).Error
-	if err != nil {
-		return nil, fmt.Errorf("claim work of node %d: %w", nodeID, err)
-	}
-	return runs, nil
+	runs, _, err := s.ClaimWorkOrNextOffer(ctx, nodeID, lease)
+	return runs, err
 }
+
+// ClaimWorkOrNextOffer is ClaimWork and, when it claims nothing, NextOffer,
+// in one round trip: what an agent's long poll asks at each look. A run
+// claimed also knows whether any run of its transaction has left outputs
+// yet (as a dispatch's lockRunAndNode reads it), so that its work item
+// spares the walk up its ancestors for outputs when none has.
+func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, time.Time, error) {
+	lease = ackLeaseOr(lease)
+	var rows []struct {
+		TaskRun
+		OutputsLeft bool
+		NextOffer   *time.Time
+	}
+	err := s.DB.WithContext(ctx).Raw(claimOrNextOfferSQL, lease.Seconds(), nodeID, nodeID).Find(&rows).Error
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("claim work of node %d: %w", nodeID, err)
+	}
+	if len(rows) == 1 && rows[0].ID == 0 {
+		// Nothing claimed: the row of NULLs with the next offer.
+		var next time.Time
+		if rows[0].NextOffer != nil {
+			next = *rows[0].NextOffer
+		}
+		return nil, next, nil
+	}
+	runs := make([]TaskRun, len(rows))
+	for i, r := range rows {
+		runs[i] = r.TaskRun
+		runs[i].noOutputsSeen = !r.OutputsLeft
+	}
+	return runs, time.Time{}, nil
+}
+
+// claimOrNextOfferSQL is claimWorkSQL and nextOfferSQL in one statement
+// (lease seconds, node, node): the runs claimed, each with whether its
+// transaction has outputs yet (outputs_left, read from the snapshot before
+// the claim, which changes no outputs), or, when none is, one row of NULLs
+// whose next_offer is nextOfferSQL's answer, which the claim that changed
+// nothing cannot have changed either. The states are literals, so that
+// task_runs_node_unfinished_idx serves it from a cached generic plan too.
+const claimOrNextOfferSQL = `WITH claimed AS (` + claimWorkSQL + `)
+SELECT c.*, EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = c.transaction_id
+    AND o.state IN ('succeeded', 'skipped') AND o.outputs <> '{}'::jsonb) AS outputs_left,
+  NULL::timestamptz AS next_offer
+FROM claimed c
+UNION ALL
+SELECT (NULL::task_runs).*, false, (` + nextOfferSQL + `)
+WHERE NOT EXISTS (SELECT 1 FROM claimed)`
 
 // claimWorkSQL claims a node's runs to hand out (lease seconds, node).
 // A run not acknowledged is offered, and one handed back with a report's

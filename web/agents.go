@@ -173,15 +173,12 @@ func (s *Server) agentWork(c echo.Context) error {
 	}
 	var runs []models.TaskRun
 	_, err = s.longPollUntil(c.Request().Context(), models.WakeWork, nodeID, wait, maxPollWait, func(ctx context.Context) (bool, time.Time, error) {
-		var err error
-		runs, err = s.cfg.Store.ClaimWork(ctx, nodeID, s.ackLease())
-		if err != nil || len(runs) > 0 {
-			return len(runs) > 0, time.Time{}, err
-		}
 		// A run handed out but not acknowledged is offered again when its
-		// lease runs out; no notification announces that.
-		next, err := s.cfg.Store.NextOffer(ctx, nodeID)
-		return false, next, err
+		// lease runs out (next); no notification announces that.
+		var next time.Time
+		var err error
+		runs, next, err = s.cfg.Store.ClaimWorkOrNextOffer(ctx, nodeID, s.ackLease())
+		return len(runs) > 0, next, err
 	})
 	if err != nil {
 		return err

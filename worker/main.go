@@ -13,6 +13,7 @@ import (
 	_ "net/http/pprof" // served only with -pprof, on its own listener
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -31,6 +32,7 @@ func main() {
 	cfg := server.Config{}
 	var bootstrapFile, secretKeyFile, codecOrigins string
 	flag.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
+	flag.IntVar(&cfg.DBMaxConns, "db-max-conns", envInt("ANNEAL_DB_MAX_CONNS"), fmt.Sprintf("connections to Postgres at most (default $ANNEAL_DB_MAX_CONNS, else %d here: three per core, 6 to 20)", models.DefaultMaxConns()))
 	flag.StringVar(&cfg.TemporalAddress, "temporal", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port")
 	flag.BoolVar(&cfg.TemporalTLS.Enabled, "temporal-tls", false, "connect to Temporal with TLS (implied by the other -temporal-tls-* flags and -temporal-api-key)")
 	flag.StringVar(&cfg.TemporalTLS.CertFile, "temporal-tls-cert", "", "client certificate for mutual TLS with Temporal (PEM)")
@@ -156,6 +158,13 @@ func secretsCommand(args []string) int {
 	}
 	fmt.Printf("%d secret(s) and %d node ssh key(s) sealed with key %s\n", n.Secrets, n.NodeKeys, keys.PrimaryID())
 	return 0
+}
+
+// envInt reads a whole number from the environment (0 when unset or not
+// a number: the flag's default applies).
+func envInt(key string) int {
+	n, _ := strconv.Atoi(os.Getenv(key))
+	return n
 }
 
 func envOr(key, fallback string) string {

@@ -74,31 +74,47 @@ func (s *Store) StartNodeGraph(ctx context.Context, nodeID int64) error {
 // FinishNodeGraph applies the graph's on_success, on_error or on_stop
 // callback to the node and resets its progress to 100 (the action has
 // committed). Applying it twice gives the same node.
+//
+// It runs once per node of a transaction, so its common case is short: the
+// graph's type and deployment are one read, its merged metadata another,
+// and a graph with no node attributes to set for this outcome (most) ends
+// with one update of the node's progress. Only a callback's attributes
+// take a database transaction, which locks the node to merge them.
 func (s *Store) FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeID int64, outcome string) error {
-	return s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var txn Transaction
-		if err := tx.Select("id", "deployment_id", "graphs").Take(&txn, "id = ?", id).Error; err != nil {
-			return fmt.Errorf("load transaction %s: %w", id, err)
+	db := s.DB.WithContext(ctx)
+	var graph struct {
+		Type string
+		models.Deployment
+	}
+	err := db.Raw(`SELECT t.graphs -> ?::int ->> 'type' AS type, d.id, d.name, d.release_id
+FROM transactions t JOIN deployments d ON d.id = t.deployment_id WHERE t.id = ?`, gi, id).Find(&graph).Error
+	switch {
+	case err != nil:
+		return fmt.Errorf("load graph %d of transaction %s: %w", gi, id, err)
+	case graph.ID == 0:
+		return fmt.Errorf("load transaction %s: %w", id, models.NotFound("transaction", id))
+	case graph.Type == "":
+		return fmt.Errorf("transaction %s has no graph %d", id, gi)
+	}
+	metadata, err := graphMetadata(db, &graph.Deployment, graph.Type)
+	if err != nil && !errors.Is(err, models.ErrNotFound) {
+		return err
+	}
+	attrs := callbackAttributes(metadata, outcome)
+	if len(attrs) == 0 {
+		err := db.Model(&models.Node{}).Where("id = ?", nodeID).
+			Updates(map[string]any{"progress": 100, "updated_at": models.Now()}).Error
+		if err != nil {
+			return fmt.Errorf("finish graph on node %d: %w", nodeID, err)
 		}
-		if gi < 0 || gi >= len(txn.Graphs) {
-			return fmt.Errorf("transaction %s has no graph %d", id, gi)
-		}
-		var dep models.Deployment
-		if err := tx.Select("id", "name", "release_id").Take(&dep, txn.DeploymentID).Error; err != nil {
-			return fmt.Errorf("load deployment of %s: %w", id, err)
-		}
-		metadata, err := graphMetadata(tx, &dep, txn.Graphs[gi].Type)
-		if err != nil && !errors.Is(err, models.ErrNotFound) {
-			return err
-		}
+		return nil
+	}
+	return db.Transaction(func(tx *gorm.DB) error {
 		var node models.Node
 		if err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).Take(&node, nodeID).Error; err != nil {
 			return fmt.Errorf("load node %d: %w", nodeID, err)
 		}
-		updates := map[string]any{}
-		if metadata != nil {
-			updates = nodeAttributeUpdates(&node, callbackAttributes(metadata, outcome))
-		}
+		updates := nodeAttributeUpdates(&node, attrs)
 		updates["progress"] = 100
 		updates["updated_at"] = models.Now()
 		if attrs, ok := updates["attributes"]; ok {

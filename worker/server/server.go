@@ -38,7 +38,10 @@ const (
 
 // Config configures a server process.
 type Config struct {
-	DatabaseURL     string
+	DatabaseURL string
+	// DBMaxConns sizes the pool of Postgres connections (0:
+	// models.DefaultMaxConns).
+	DBMaxConns      int
 	TemporalAddress string
 	// TemporalTLS is how to reach an external cluster (TLS, mTLS, API key).
 	TemporalTLS TemporalTLS
@@ -102,6 +105,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer done()
+	if cfg.DBMaxConns > 0 {
+		sqlDB, err := db.DB()
+		if err != nil {
+			return fmt.Errorf("size the database pool: %w", err)
+		}
+		models.LimitConns(sqlDB, cfg.DBMaxConns)
+	}
 	store := &models.Store{DB: db, Domain: cfg.Domain, Keys: cfg.Keys}
 	// An install upgraded from before node SSH keys were sealed (migration
 	// 0023) has them in the clear: seal them before anything reads them.
