@@ -18,6 +18,7 @@ import (
 )
 
 func main() {
+	daemon.SetDefaultGC()
 	hostname, _ := os.Hostname()
 	var cfg daemon.Config
 	var debug, jsonLogs bool

@@ -89,6 +89,8 @@ func benchAgents(ctx context.Context, args []string) error {
 	if *api == "" || *dir == "" || fs.NArg() == 0 {
 		return errors.New("bench-agents needs -api, -dir and node names")
 	}
+	// The host process is the agents' as the agent binary would be.
+	daemon.SetDefaultGC()
 	logFile, err := os.OpenFile(*logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err

@@ -156,11 +156,9 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 
 	// Log file.
 	logPath := e.LogPath(item)
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
-		res.Error = fmt.Sprintf("cannot create log directory: %v", err)
-		return res
-	}
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	f, err := createInDir(logPath, 0o755, func() (*os.File, error) {
+		return os.OpenFile(logPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	})
 	if err != nil {
 		res.Error = fmt.Sprintf("cannot open log file: %v", err)
 		return res
@@ -179,15 +177,14 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	lf.comment("command: %s", strings.ReplaceAll(item.Command, "\n", "\n#   "))
 	lf.comment("started %s, timeout %s", res.StartedAt.Format(time.RFC3339Nano), timeout)
 
-	// Outputs file.
+	// Outputs file, the run's first in the scratch directory: the
+	// directory is made here when missing, and is there for the others.
 	tmpDir := scratchDir(e.WorkDir)
-	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
-		res.Error = fmt.Sprintf("cannot create outputs directory: %v", err)
-		return res
-	}
 	scratch := e.scratch(tmpDir, item)
 	defer scratch.release()
-	outputsPath, err := scratch.empty("outputs", "")
+	outputsPath, err := createInDir(filepath.Join(tmpDir, "outputs"), 0o700, func() (string, error) {
+		return scratch.empty("outputs", "")
+	})
 	if err != nil {
 		res.Error = fmt.Sprintf("cannot create outputs file: %v", err)
 		return res

@@ -361,3 +361,32 @@ func TestShellUnsafeNamesStayInLogDir(t *testing.T) {
 	assert.True(t, strings.HasPrefix(path, filepath.Join(e.WorkDir, "logs")+string(filepath.Separator)), path)
 	assert.FileExists(t, path)
 }
+
+// TestShellRemakesMissingDirectories: a run makes its log and scratch
+// directories only when they are missing (it does not look first), so a
+// directory removed between runs (pruned, or by a command) is made again,
+// with or without reused scratch files, and the run's files land in it.
+func TestShellRemakesMissingDirectories(t *testing.T) {
+	for _, reuse := range []bool{false, true} {
+		e := newExecutor(t)
+		e.ReuseScratch = reuse
+		attrs := json.RawMessage(`{"a":1}`)
+		first := scratchRun(t, e, 1, attrs, "true")
+		logDir := filepath.Dir(e.LogPath(item("true")))
+		tmpDir := filepath.Dir(first.Outputs["out"])
+		require.DirExists(t, logDir)
+		require.NoError(t, os.RemoveAll(logDir))
+		require.NoError(t, os.RemoveAll(tmpDir))
+
+		second := scratchRun(t, e, 2, attrs, "echo again")
+		assert.Equal(t, tmpDir, filepath.Dir(second.Outputs["out"]), "reuse %v", reuse)
+		it := item("true")
+		it.RunID = 2
+		log, err := os.ReadFile(e.LogPath(it))
+		require.NoError(t, err, "reuse %v", reuse)
+		assert.Contains(t, string(log), "out| again")
+		info, err := os.Stat(tmpDir)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "the scratch directory is the agent's alone")
+	}
+}
