@@ -324,9 +324,9 @@ func (u cpuUse) ours() float64 { return u.worker + u.bench + u.pgOurs }
 // split shows where a phase's CPU went, and per run.
 func (u cpuUse) split(runs int) string {
 	per := func(s float64) string { return fmt.Sprintf("%.1f (%.2f ms/run)", s, 1000*s/float64(runs)) }
-	return fmt.Sprintf("machine %.1f = Temporal server %s + worker/API %s + agents/bench process %s + "+
+	return fmt.Sprintf("machine %.1f = Temporal server %s + worker/API %s + agents/bench process %s [their commands %.2f ms/run] + "+
 		"Postgres bench db %s [cluster %.1f, %d backends seen] + other %.1f",
-		u.total, per(u.server), per(u.worker), per(u.bench), per(u.pgOurs), u.pgCluster, u.pgBackends,
+		u.total, per(u.server), per(u.worker), per(u.bench), 1000*u.commands/float64(runs), per(u.pgOurs), u.pgCluster, u.pgBackends,
 		u.total-u.server-u.worker-u.bench-u.pgCluster)
 }
 

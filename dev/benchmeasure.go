@@ -201,7 +201,10 @@ type phaseCPU struct {
 // cpuUse is the CPU seconds a phase cost, by process.
 type cpuUse struct {
 	total, server, worker, bench, pgOurs, pgCluster float64
-	pgBackends                                      int
+	// commands is the part of bench that the agents' commands (their
+	// child processes) used.
+	commands   float64
+	pgBackends int
 }
 
 func (p *phaseCPU) read() map[string]float64 {
@@ -214,7 +217,7 @@ func (p *phaseCPU) read() map[string]float64 {
 		bench, tasks = bench+host, tasks+hostTasks
 	}
 	return map[string]float64{
-		"total": machineCPU(), "server": self(p.temporal), "worker": self(p.worker), "bench": bench + tasks,
+		"total": machineCPU(), "server": self(p.temporal), "worker": self(p.worker), "bench": bench + tasks, "commands": tasks,
 	}
 }
 
@@ -228,7 +231,7 @@ func (p *phaseCPU) start() {
 func (p *phaseCPU) stop() cpuUse {
 	t1 := p.read()
 	u := cpuUse{total: t1["total"] - p.t0["total"], server: t1["server"] - p.t0["server"],
-		worker: t1["worker"] - p.t0["worker"], bench: t1["bench"] - p.t0["bench"]}
+		worker: t1["worker"] - p.t0["worker"], bench: t1["bench"] - p.t0["bench"], commands: t1["commands"] - p.t0["commands"]}
 	if p.pg != nil {
 		u.pgOurs, u.pgCluster, u.pgBackends = p.pg.stop()
 	}
