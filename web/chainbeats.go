@@ -28,11 +28,20 @@ func newChainBeats(heartbeatTimeoutSec int) *chainBeats {
 }
 
 // due says whether the chain headed by head is to heartbeat now, and if so
-// counts it as done.
+// counts it as done. A chain's first report sends none, only starts the
+// count: its activity was started, or heartbeated by its first run's
+// agent, less than a run's heartbeat period before (a chain of a node's
+// ten quick tasks used to cost a heartbeat, a Temporal write, per node for
+// nothing).
 func (b *chainBeats) due(head int64, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if last, ok := b.last[head]; ok && now.Sub(last) < b.every {
+	last, ok := b.last[head]
+	if !ok {
+		b.last[head] = now
+		return false
+	}
+	if now.Sub(last) < b.every {
 		return false
 	}
 	if len(b.last) >= maxChainBeats {
