@@ -81,6 +81,10 @@ func (s *Store) StartNodeGraph(ctx context.Context, nodeID int64) error {
 // with one update of the node's progress. Only a callback's attributes
 // take a database transaction, which locks the node to merge them.
 func (s *Store) FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeID int64, outcome string) error {
+	if gi < 0 {
+		// jsonb's -> counts a negative index from the end.
+		return fmt.Errorf("transaction %s has no graph %d", id, gi)
+	}
 	db := s.DB.WithContext(ctx)
 	var graph struct {
 		Type string

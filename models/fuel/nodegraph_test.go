@@ -42,6 +42,8 @@ func TestFinishNodeGraphWithoutCallbacks(t *testing.T) {
 
 	err = store.FinishNodeGraph(ctx, txn.ID, 1, node.ID, "success")
 	assert.ErrorContains(t, err, "has no graph 1")
+	err = store.FinishNodeGraph(ctx, txn.ID, -1, node.ID, "success")
+	assert.ErrorContains(t, err, "has no graph -1")
 	err = store.FinishNodeGraph(ctx, uuid.New(), 0, node.ID, "success")
 	assert.ErrorIs(t, err, models.ErrNotFound)
 }
