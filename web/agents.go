@@ -479,14 +479,21 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		return logOffsetConflict(err, "log.offset")
 	}
 	run := rec.Run
-	log := s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
+	// Made only for a line that is written: a run of a chain that goes on
+	// is logged at debug level (the run's state is in the API and its
+	// events; at a thousand nodes that was hundreds of lines a second).
+	log := func() *slog.Logger {
+		return s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
+	}
 	next, fresh, err := s.heartbeatChain(ctx, run, rec.Next, rec.Fresh)
 	var notFound *serviceerror.NotFound
 	switch {
 	case err != nil && !errors.As(err, &notFound):
 		return err
 	case next != nil:
-		log.Info("run reported; its chain goes on", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed, "next_run", next.ID, "next_task", next.TaskName)
+		if s.log.Enabled(ctx, slog.LevelDebug) {
+			log().Debug("run reported; its chain goes on", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed, "next_run", next.ID, "next_task", next.TaskName)
+		}
 		answer := protocol.RunResultResponse{RunID: run.ID, State: run.State, NextRunID: next.ID}
 		if fresh {
 			// The next run goes back with the answer, taken by this
@@ -502,7 +509,7 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		} else {
 			// The agent may have it from the first answer: it is not
 			// failed here, and a poll offers it again if not.
-			log.Warn("the chain's next run not handed back again", "next_run", next.ID, "error", err)
+			log().Warn("the chain's next run not handed back again", "next_run", next.ID, "error", err)
 		}
 		return c.JSON(http.StatusOK, answer)
 	}
@@ -520,7 +527,7 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		// the chain in Postgres (EndLostChain) and reads its runs' states
 		// there, so the stored result stands; had the workflow been first,
 		// the run would have failed and this report been refused above.
-		log.Warn("result stored after its chain's activity ended; the workflow reads it from the database")
+		log().Warn("result stored after its chain's activity ended; the workflow reads it from the database")
 	case errors.As(err, &notFound) && rec.Changed:
 		// The activity timed out before the report came: the workflow has
 		// already moved on, so the run counts as failed.
@@ -528,14 +535,14 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		if ferr := s.cfg.Store.RejectLateResult(ctx, runID, run.Attempt, reason); ferr != nil {
 			return ferr
 		}
-		log.Warn("late result refused", "reason", reason)
+		log().Warn("late result refused", "reason", reason)
 		return apiError(http.StatusConflict, "run_not_awaited", reason)
 	case errors.As(err, &notFound):
 		// A repeated report whose first delivery completed the activity.
 	case err != nil:
 		return apiError(http.StatusServiceUnavailable, "temporal_unavailable", "result stored but the workflow could not be told; send it again: "+err.Error())
 	}
-	log.Info("run reported", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed)
+	log().Info("run reported", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed)
 	return c.JSON(http.StatusOK, protocol.RunResultResponse{RunID: run.ID, State: run.State})
 }
 
