@@ -75,7 +75,7 @@ func Open(ctx context.Context, url string) (*gorm.DB, error) {
 // hold none. More cost Postgres CPU for nothing, as each connection
 // prepares and plans every statement for itself (Postgres plans a
 // prepared statement anew for each of its first five executions on a
-// connection): with 20 on two cores, planning was a quarter of Postgres's
+// connection): with 20 on two cores, planning was 30 % of Postgres's
 // CPU at 100 nodes.
 func DefaultMaxConns() int {
 	return min(20, max(6, 3*runtime.GOMAXPROCS(0)))
