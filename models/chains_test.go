@@ -370,3 +370,39 @@ func TestReportAfterALogRequest(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "ran\nmore\n", string(data), "the rest of the log, once")
 }
+
+// A run a poll claims knows whether its transaction has left outputs yet:
+// its work item's context spares the walk up its ancestors while none
+// has, and walks (and finds them) once one has.
+func TestClaimedRunKnowsWhetherOutputsWereLeft(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	runs := f.RunsByLabel(t, txn)
+	setup, db := runs["setup@"+storetest.CtlName], runs["db@"+storetest.CtlName]
+
+	_, err := f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-1"))
+	require.NoError(t, err)
+	walks := countOutputWalks(t, f)
+	claimed, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	rc, err := f.Store.RunContextWith(f.Ctx, &claimed[0], false)
+	require.NoError(t, err)
+	assert.Empty(t, rc.Outputs)
+	assert.Zero(t, walks.Load(), "no outputs in the transaction: no walk")
+
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID,
+		protocol.RunResult{Attempt: claimed[0].Attempt, Outputs: map[string]string{"url": "http://db"}})
+	require.NoError(t, err)
+	_, err = f.Store.DispatchRun(f.Ctx, db.ID, []byte("token-2"))
+	require.NoError(t, err)
+	walks = countOutputWalks(t, f)
+	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, db.ID, claimed[0].ID)
+	rc, err = f.Store.RunContextWith(f.Ctx, &claimed[0], false)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, walks.Load(), "outputs left: walked once")
+	assert.Equal(t, []models.RunOutputs{{TaskName: "setup", NodeName: storetest.CtlName, Outputs: map[string]string{"url": "http://db"}}}, rc.Outputs)
+}

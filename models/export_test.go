@@ -5,10 +5,12 @@ import "gorm.io/gorm"
 // The agents' work queries, for the test of their plans
 // (TestWorkQueriesUseAnIndex).
 const (
-	ClaimWorkSQL        = claimWorkSQL
-	NextOfferSQL        = nextOfferSQL
-	ClaimOrNextOfferSQL = claimOrNextOfferSQL
+	ClaimWorkSQL = claimWorkSQL
+	NextOfferSQL = nextOfferSQL
 )
+
+// ClaimOrNextOfferSQL is the poll's one statement, for the same test.
+var ClaimOrNextOfferSQL = claimOrNextOfferSQL
 
 // UpstreamOutputsReference reads, by a query of its own, the outputs of
 // the runs run depends on, directly or not, that ended well: the reference

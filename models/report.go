@@ -49,8 +49,7 @@ var reportSQL = `WITH res AS (
   FROM res
   WHERE @dispatch AND @state = 'succeeded' AND d.id = res.chain_next AND d.chain_head = res.chain_head AND d.state = 'pending'
     AND EXISTS (SELECT 1 FROM nodes n WHERE n.id = d.node_id)
-    AND NOT EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = d.transaction_id
-      AND o.state IN ('succeeded', 'skipped') AND o.outputs <> '{}'::jsonb)
+    AND NOT ` + outputsLeftSQL("d.transaction_id") + `
     AND NOT (d.lcm AND d.inputs_base <> '' AND EXISTS (
       SELECT 1 FROM (
         SELECT r.state, r.inputs_hash FROM task_runs r JOIN transactions t ON t.id = r.transaction_id

@@ -206,8 +206,7 @@ func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
 	// written earlier in the same transaction (ReportRun).
 	if err := tx.Raw(`SELECT t.id, t.transaction_id, t.node_id, t.node_name, t.noderole_id, t.task_name, t.graph_type, t.graph_index,
 			t.position, t.state, t.attempt, t.chain_head, t.chain_next, t.inputs_base, t.lcm,
-			EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = t.transaction_id
-				AND o.state IN ('succeeded', 'skipped') AND o.outputs <> '{}'::jsonb) AS outputs_left
+			`+outputsLeftSQL("t.transaction_id")+` AS outputs_left
 		FROM task_runs t JOIN nodes n ON n.id = t.node_id WHERE t.id = ? FOR UPDATE OF `+of, runID).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("lock the node of run %d: %w", runID, err)
 	}
@@ -217,6 +216,17 @@ func lockRunAndNode(tx *gorm.DB, runID int64, withRun bool) (*TaskRun, error) {
 	run := rows[0].TaskRun
 	run.noOutputsSeen = !rows[0].OutputsLeft
 	return &run, nil
+}
+
+// outputsLeftSQL is whether any run of the transaction txID (an SQL
+// expression) has left outputs yet: a probe of task_runs_tx_outputs_idx,
+// whose predicate its literals match, so that it serves a cached generic
+// plan too. A run of a transaction without outputs sees none, and its
+// work item or dispatch spares the walk up its ancestors
+// (loadSeenOutputs).
+func outputsLeftSQL(txID string) string {
+	return `EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = ` + txID + `
+    AND o.state IN ('succeeded', 'skipped') AND o.outputs <> '{}'::jsonb)`
 }
 
 // dispatchColumns are the columns of a run dispatch returns when the run
@@ -547,10 +557,8 @@ func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease ti
 // whose next_offer is nextOfferSQL's answer, which the claim that changed
 // nothing cannot have changed either. The states are literals, so that
 // task_runs_node_unfinished_idx serves it from a cached generic plan too.
-const claimOrNextOfferSQL = `WITH claimed AS (` + claimWorkSQL + `)
-SELECT c.*, EXISTS (SELECT 1 FROM task_runs o WHERE o.transaction_id = c.transaction_id
-    AND o.state IN ('succeeded', 'skipped') AND o.outputs <> '{}'::jsonb) AS outputs_left,
-  NULL::timestamptz AS next_offer
+var claimOrNextOfferSQL = `WITH claimed AS (` + claimWorkSQL + `)
+SELECT c.*, ` + outputsLeftSQL("c.transaction_id") + ` AS outputs_left, NULL::timestamptz AS next_offer
 FROM claimed c
 UNION ALL
 SELECT (NULL::task_runs).*, false, (` + nextOfferSQL + `)
