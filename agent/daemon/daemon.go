@@ -838,7 +838,6 @@ func (a *agent) reportOnce(ctx context.Context, log *slog.Logger, runID int64, r
 	next, err := a.rep.Report(rctx, runID, res)
 	a.handBack(next)
 	a.logReport(rctx, log, err) // the journal is synced when it is closed, as the agent stops
-
 }
 
 // syncRecords makes the run journal's unsynced results durable.

@@ -236,13 +236,12 @@ func (r *Records) SaveRunUnsynced(rec *RunRecord) error { return r.saveRun(rec, 
 func (r *Records) Sync() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.j == nil || !r.j.unsynced {
+	if r.j == nil {
 		return nil
 	}
-	if err := fdatasync(int(r.j.f.Fd())); err != nil {
-		return fmt.Errorf("fdatasync %s: %w", r.journalPath(), err)
+	if err := r.j.sync(); err != nil {
+		return fmt.Errorf("%s: %w", r.journalPath(), err)
 	}
-	r.j.unsynced = false
 	return nil
 }
 
@@ -364,11 +363,7 @@ func (r *Records) Close() error {
 	if r.j == nil {
 		return nil
 	}
-	var err error
-	if r.j.unsynced {
-		err = fdatasync(int(r.j.f.Fd()))
-	}
-	err = errors.Join(err, r.j.f.Close())
+	err := errors.Join(r.j.sync(), r.j.f.Close())
 	r.j = nil
 	if err != nil {
 		return fmt.Errorf("close %s: %w", r.journalPath(), err)
@@ -468,9 +463,7 @@ func (r *Records) current() (*journal, error) {
 // caller holds mu.
 func (r *Records) closeJournal() {
 	if r.j != nil {
-		if r.j.unsynced {
-			_ = fdatasync(int(r.j.f.Fd())) // best effort: what was written stays written
-		}
+		_ = r.j.sync() // best effort: what was written stays written
 		r.j.f.Close()
 		r.j = nil
 	}
@@ -557,6 +550,19 @@ func (j *journal) add(off int64, line []byte) {
 		return
 	}
 	j.index[runKey{h.RunID, h.Attempt}] = journalEntry{off: off, n: len(line), phase: h.Phase, updated: h.UpdatedAt}
+}
+
+// sync makes the lines appended unsynced durable; it does nothing when
+// there are none.
+func (j *journal) sync() error {
+	if !j.unsynced {
+		return nil
+	}
+	if err := fdatasync(int(j.f.Fd())); err != nil {
+		return fmt.Errorf("fdatasync: %w", err)
+	}
+	j.unsynced = false
+	return nil
 }
 
 // append writes data, rec encoded, as a line at the journal's end and,

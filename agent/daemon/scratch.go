@@ -140,17 +140,16 @@ func (s *runScratch) release() {
 	}
 }
 
-// createInDir calls create, a creation of a file at path; when path's
-// directory is missing (the first run, or it was pruned), it makes the
-// directory with perm and calls create again. A run creates its files
-// without looking for their directories first: a stat and a mkdir fewer
-// per run.
-func createInDir[T any](path string, perm os.FileMode, create func() (T, error)) (T, error) {
+// createInDir calls create, a creation of a file in dir; when dir is
+// missing (the first run, or it was pruned), it makes dir with perm and
+// calls create again. A run creates its files without looking for their
+// directories first: a stat and a mkdir fewer per run.
+func createInDir[T any](dir string, perm os.FileMode, create func() (T, error)) (T, error) {
 	v, err := create()
 	if !errors.Is(err, fs.ErrNotExist) {
 		return v, err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), perm); err != nil {
+	if err := os.MkdirAll(dir, perm); err != nil {
 		return v, fmt.Errorf("create directory: %w", err)
 	}
 	return create()

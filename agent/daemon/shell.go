@@ -156,7 +156,7 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 
 	// Log file.
 	logPath := e.LogPath(item)
-	f, err := createInDir(logPath, 0o755, func() (*os.File, error) {
+	f, err := createInDir(filepath.Dir(logPath), 0o755, func() (*os.File, error) {
 		return os.OpenFile(logPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	})
 	if err != nil {
@@ -182,7 +182,7 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	tmpDir := scratchDir(e.WorkDir)
 	scratch := e.scratch(tmpDir, item)
 	defer scratch.release()
-	outputsPath, err := createInDir(filepath.Join(tmpDir, "outputs"), 0o700, func() (string, error) {
+	outputsPath, err := createInDir(tmpDir, 0o700, func() (string, error) {
 		return scratch.empty("outputs", "")
 	})
 	if err != nil {
