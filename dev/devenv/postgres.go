@@ -502,32 +502,35 @@ func privateClusterURL(dataDir string, port int) string {
 // clusterSocketDir reads the first socket directory of a running cluster
 // from its postmaster.pid (line 5), "" if it has none or it cannot be read.
 func clusterSocketDir(dataDir string) string {
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(string(b), "\n")
-	if len(lines) < 5 {
-		return ""
-	}
-	return strings.TrimSpace(lines[4])
+	dir, _ := postmasterLine(dataDir, 5)
+	return dir
 }
 
 // clusterPort reads the port of a running cluster from its postmaster.pid.
 func clusterPort(dataDir string) (int, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	line, err := postmasterLine(dataDir, 4)
 	if err != nil {
 		return 0, fmt.Errorf("port of the running PostgreSQL cluster: %w", err)
 	}
-	lines := strings.Split(string(b), "\n")
-	if len(lines) < 4 {
-		return 0, fmt.Errorf("port of the running PostgreSQL cluster: short postmaster.pid in %s", dataDir)
-	}
-	port, err := strconv.Atoi(strings.TrimSpace(lines[3]))
+	port, err := strconv.Atoi(line)
 	if err != nil {
-		return 0, fmt.Errorf("port of the running PostgreSQL cluster: postmaster.pid line 4 %q: %w", lines[3], err)
+		return 0, fmt.Errorf("port of the running PostgreSQL cluster: postmaster.pid line 4 %q: %w", line, err)
 	}
 	return port, nil
+}
+
+// postmasterLine is line n (from 1) of a running cluster's postmaster.pid,
+// trimmed: 4 is its port, 5 its first socket directory.
+func postmasterLine(dataDir string, n int) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return "", err
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < n {
+		return "", fmt.Errorf("short postmaster.pid in %s", dataDir)
+	}
+	return strings.TrimSpace(lines[n-1]), nil
 }
 
 // Close stops the private cluster if this process started it (pg_ctl stop -m
