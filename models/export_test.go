@@ -1,6 +1,12 @@
 package models
 
-import "gorm.io/gorm"
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"gorm.io/gorm"
+)
 
 // The agents' work queries, for the test of their plans
 // (TestWorkQueriesUseAnIndex).
@@ -71,3 +77,18 @@ func TaskRunColumns() []string { return reportStatement().columns }
 
 // PositionalSQL is positionalSQL, for its test.
 var PositionalSQL = positionalSQL
+
+// ClaimWork is ClaimWorkOrNextOffer's claim alone, for tests.
+func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, error) {
+	runs, _, err := s.ClaimWorkOrNextOffer(ctx, nodeID, lease)
+	return runs, err
+}
+
+// NextOffer is nextOfferSQL's answer alone (no claim), for tests: when the
+// earliest unacknowledged run handed to a node is offered again, or the
+// zero time if none waits.
+func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) {
+	var next sql.NullTime
+	err := s.DB.WithContext(ctx).Raw(nextOfferSQL, nodeID).Row().Scan(&next)
+	return next.Time, err
+}

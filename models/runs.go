@@ -2,7 +2,6 @@ package models
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -505,24 +504,21 @@ func (s *Store) ChainStates(ctx context.Context, head int64) (map[int64]string, 
 // below the run heartbeat timeout, which fails a run nobody works on.
 const DefaultAckLease = 5 * time.Second
 
-// ClaimWork hands the runs dispatched to a node to its agent. A run counts
-// as delivered only once the agent acknowledges it (AckRun); until then it
-// is offered again each time lease has passed since the last offer, so an
-// answer lost on the way (the server killed between claim and response, a
-// dropped connection) only delays the run. The agent keeps a durable record
-// of the runs it started, so an offer repeated after all never runs a
-// command twice. The lease lives in Postgres: a restarted server offers
-// again what its predecessor handed out unacknowledged.
-func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, error) {
-	runs, _, err := s.ClaimWorkOrNextOffer(ctx, nodeID, lease)
-	return runs, err
-}
-
-// ClaimWorkOrNextOffer is ClaimWork and, when it claims nothing, NextOffer,
-// in one round trip: what an agent's long poll asks at each look. A run
-// claimed also knows whether any run of its transaction has left outputs
-// yet (as a dispatch's lockRunAndNode reads it), so that its work item
-// spares the walk up its ancestors for outputs when none has.
+// ClaimWorkOrNextOffer hands the runs dispatched to a node to its agent,
+// and when there are none says when to look again (the zero time: at the
+// next notification): what an agent's long poll asks at each look, in one
+// round trip. A run counts as delivered only once the agent acknowledges
+// it (AckRun); until then it is offered again each time lease has passed
+// since the last offer, so an answer lost on the way (the server killed
+// between claim and response, a dropped connection) only delays the run,
+// and no notification announces that time: hence the next offer. The
+// agent keeps a durable record of the runs it started, so an offer
+// repeated after all never runs a command twice. The lease lives in
+// Postgres: a restarted server offers again what its predecessor handed
+// out unacknowledged. A run claimed also knows whether any run of its
+// transaction has left outputs yet (as a dispatch's lockRunAndNode reads
+// it), so that its work item spares the walk up its ancestors for outputs
+// when none has.
 func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, time.Time, error) {
 	lease = ackLeaseOr(lease)
 	var rows []struct {
@@ -580,18 +576,6 @@ RETURNING *`
 const nextOfferSQL = `
 SELECT min(lease_until) FROM task_runs
 WHERE node_id = ? AND state = 'running' AND (acked_at IS NULL OR acked_at = claimed_at) AND lease_until IS NOT NULL`
-
-// NextOffer returns when the earliest unacknowledged run handed to a node
-// will be offered again, or the zero time if none waits: a long poll wakes
-// then instead of waiting for a notification that will not come.
-func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) {
-	var next sql.NullTime
-	err := s.DB.WithContext(ctx).Raw(nextOfferSQL, nodeID).Row().Scan(&next)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("next offer of node %d: %w", nodeID, err)
-	}
-	return next.Time, nil
-}
 
 // AckRun records that a node's agent took delivery of attempt of a run (0:
 // whatever attempt is current, for an agent that does not say), or

@@ -91,7 +91,7 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	var claimed []models.TaskRun
 	require.Eventually(t, func() bool {
 		var err error
-		claimed, err = st.Store.ClaimWork(ctx, node.ID, lease)
+		claimed, _, err = st.Store.ClaimWorkOrNextOffer(ctx, node.ID, lease)
 		require.NoError(t, err)
 		return len(claimed) == 1
 	}, 30*time.Second, 50*time.Millisecond, "the run is dispatched to n1")
@@ -121,7 +121,7 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	assert.Equal(t, "ran\n", string(data), "executed exactly once on the node")
 
 	// Delivered: never offered again.
-	again, err := st.Store.ClaimWork(ctx, node.ID, time.Millisecond)
+	again, _, err := st.Store.ClaimWorkOrNextOffer(ctx, node.ID, time.Millisecond)
 	require.NoError(t, err)
 	assert.Empty(t, again)
 
