@@ -28,9 +28,10 @@ import (
 const WorkChannel = "anneal_work"
 
 // EventsChannel is the Postgres NOTIFY channel of the live event stream:
-// triggers (migration 0015) announce there every change of a transaction's
+// triggers (migration 0016) announce there every change of a transaction's
 // status, a run's or noderole's state and a node's status, as small JSON
-// objects (kind, id, deployment_id, state, ...).
+// objects (kind, id, deployment_id, state, ...), while some server holds a
+// listener lease (migration 0028, HoldEventListener).
 const EventsChannel = "anneal_events"
 
 // Kinds of wake-up on WorkChannel: the payload's prefix before the node id.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,13 +34,26 @@ const (
 	// that reads slower than that is dropped (it reconnects and resumes
 	// from the backlog), never blocking the others.
 	eventQueue = 512
+	// eventLeaseTTL is how long the server's lease on the database's change
+	// announcements lasts (migration 0028); it is renewed every third of
+	// that while the server has clients, and lapses when it has had none
+	// for that long, so that a client reconnecting at once misses nothing.
+	eventLeaseTTL = time.Minute
+	// eventLeaseSettle is how long a subscription waits, after a lease
+	// taken when none was live, for the transactions that may have written
+	// unannounced; eventLeaseWait bounds the wait after that, when its
+	// subscribers are told to read the state again.
+	eventLeaseSettle = 2 * time.Second
+	eventLeaseWait   = time.Minute
 )
 
 // event is one change announced by the database (the triggers of
-// migration 0015) as the hub keeps it.
+// migrations 0016 and 0028) as the hub keeps it.
 type event struct {
-	seq  uint64
-	kind string
+	// epoch and seq make its id (eventHub.id).
+	epoch string
+	seq   uint64
+	kind  string
 	// deployments are the deployments the event concerns (a node moved
 	// concerns two).
 	deployments [2]int64
@@ -74,8 +88,9 @@ const eventResync = "resync"
 
 // eventHub fans the database's notifications out to the stream's
 // subscribers. Event ids are "<epoch>-<seq>": the epoch is random per
-// process, so an id from another server (or before a restart) is known not
-// to be resumable here.
+// process, and drawn again when the hub learns that changes went
+// unannounced (restart), so an id from another server, before a restart or
+// before such a gap is known not to be resumable here.
 type eventHub struct {
 	log    *slog.Logger
 	epoch  string
@@ -87,11 +102,33 @@ type eventHub struct {
 }
 
 func newEventHub(log *slog.Logger) *eventHub {
-	b := make([]byte, 4)
+	return &eventHub{log: log, epoch: randomHex(4), subs: map[*subscriber]struct{}{}}
+}
+
+// randomHex is n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
 		panic(fmt.Sprintf("crypto/rand: %v", err))
 	}
-	return &eventHub{log: log, epoch: hex.EncodeToString(b), subs: map[*subscriber]struct{}{}}
+	return hex.EncodeToString(b)
+}
+
+// restart begins a new epoch, as the changes before it were not all
+// announced (no server held a lease): no event id from before can be
+// resumed, and the subscribers are told to read the state again.
+func (h *eventHub) restart(reason string) {
+	h.mu.Lock()
+	h.epoch, h.recent = randomHex(4), nil
+	h.mu.Unlock()
+	h.resync(reason)
+}
+
+// subscribed says whether the hub has subscribers.
+func (h *eventHub) subscribed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs) > 0
 }
 
 // publish hands a notification's payload to every subscriber it concerns.
@@ -122,7 +159,7 @@ func (h *eventHub) send(e event) {
 		return
 	}
 	h.seq++
-	e.seq = h.seq
+	e.epoch, e.seq = h.epoch, h.seq
 	if len(h.recent) == 2*eventBacklog {
 		// Forget the older half at once: amortised O(1) per event.
 		h.recent = append(make([]event, 0, 2*eventBacklog), h.recent[eventBacklog:]...)
@@ -201,7 +238,7 @@ func (h *eventHub) close() {
 	}
 }
 
-func (h *eventHub) id(e event) string { return h.epoch + "-" + strconv.FormatUint(e.seq, 10) }
+func (h *eventHub) id(e event) string { return e.epoch + "-" + strconv.FormatUint(e.seq, 10) }
 
 // streamEvents is GET /events: server-sent events of transaction, run, node
 // and noderole changes, of one deployment with ?deployment=<name or id>.
@@ -238,6 +275,9 @@ func (s *Server) streamEvents(c echo.Context) error {
 		return models.Invalid("Last-Event-ID", "is not an event id of this stream")
 	}
 
+	if err := s.holdEventLease(ctx, false); err != nil {
+		return err
+	}
 	sub, missed, resync := s.events.subscribe(depID, lastID)
 	defer s.events.unsubscribe(sub)
 
@@ -295,10 +335,89 @@ func (s *Server) streamEvents(c echo.Context) error {
 }
 
 // closeEventsOnDone ends every stream when ctx ends (the listener's
-// context: the server is stopping).
+// context: the server is stopping), and renews the server's event lease
+// until then while it has clients.
 func (s *Server) closeEventsOnDone(ctx context.Context) {
 	go func() {
 		<-ctx.Done()
 		s.events.close()
 	}()
+	go func() {
+		tick := time.NewTicker(eventLeaseTTL / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if !s.events.subscribed() {
+				continue // the lease lapses: nobody listens
+			}
+			if err := s.holdEventLease(ctx, true); err != nil && ctx.Err() == nil {
+				s.log.Warn("renewing the event listener lease failed; the event stream's clients will be told to read the state again once it is renewed", "error", err)
+			}
+		}
+	}()
+}
+
+// eventLease is the server's lease on the database's change
+// announcements: the event triggers fire only while some server holds one
+// (migration 0028), so that nothing is announced while nobody listens.
+type eventLease struct {
+	// id names the server's lease row: its host, process and a random part.
+	id string
+	mu sync.Mutex // one renewal at a time
+	// until is when the lease lapses at the earliest, by this clock.
+	until time.Time
+}
+
+func newEventLease() *eventLease {
+	host, _ := os.Hostname()
+	return &eventLease{id: fmt.Sprintf("%s/%d/%s", host, os.Getpid(), randomHex(4))}
+}
+
+// holdEventLease makes sure the database announces changes to this server
+// before a client subscribes (renew false: only when less than half of the
+// lease is left) or at each renewal (renew true). When no lease was live,
+// changes went unannounced: the hub restarts its epoch, and once the
+// transactions that may have written unannounced have ended, its
+// subscribers are told to read the state again.
+func (s *Server) holdEventLease(ctx context.Context, renew bool) error {
+	l := s.eventLease
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !renew && time.Until(l.until) > eventLeaseTTL/2 {
+		return nil
+	}
+	asked := time.Now()
+	lease, err := s.cfg.Store.HoldEventListener(ctx, l.id, eventLeaseTTL)
+	if err != nil {
+		return err
+	}
+	l.until = asked.Add(eventLeaseTTL)
+	if lease.WasLive {
+		return nil
+	}
+	s.events.restart("the server began announcing changes again after a time nobody listened; read the state again")
+	if lease.Writers == "" {
+		return nil
+	}
+	// Wait a little for the transactions that may have written
+	// unannounced, so that the client reads their changes; past that, the
+	// clients are told to read the state again once they have ended.
+	wctx, cancel := context.WithTimeout(ctx, eventLeaseSettle)
+	defer cancel()
+	if s.cfg.Store.AwaitTransactions(wctx, lease.Writers, 10*time.Millisecond) == nil {
+		return nil
+	}
+	go func() {
+		wctx, cancel := context.WithTimeout(context.Background(), eventLeaseWait)
+		defer cancel()
+		if err := s.cfg.Store.AwaitTransactions(wctx, lease.Writers, 100*time.Millisecond); err != nil {
+			s.log.Warn("transactions that may have written unannounced did not end in time; telling the clients to read the state again anyway", "error", err)
+		}
+		s.events.resync("changes made as the server began announcing them may not have been announced; read the state again")
+	}()
+	return nil
 }

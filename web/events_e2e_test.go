@@ -103,7 +103,8 @@ func (c *eventClient) until(t *testing.T, within time.Duration, done func([]sse)
 // checks that the first arrive in order (transaction pending, running,
 // ready; each run pending, running, succeeded) and none of the second; an
 // unfiltered subscriber sees both; a reconnection with Last-Event-ID gets
-// what followed; an unknown id asks for a resync.
+// what followed; an unknown id, or one from before a time when nobody
+// listened, asks for a resync.
 func TestEventStream(t *testing.T) {
 	st := testenv.NewStack(t, testenv.Options{})
 	setup(t, st, map[string][]string{"ev1": {"controller"}})
@@ -178,6 +179,14 @@ func TestEventStream(t *testing.T) {
 	// An id of another server (or a restart) cannot be replayed: resync.
 	stale := openEvents(t, ctx, st.URL+"/api/v1/events?wait=2s", viewer, "0badf00d-7")
 	first := stale.until(t, 10*time.Second, func(evs []sse) bool { return len(evs) == 1 })
+	assert.Equal(t, "resync", first[0].Event)
+
+	// A time when no server held a lease (migration 0028) left changes
+	// unannounced: the ids from before cannot be resumed.
+	require.NoError(t, st.Store.DB.Exec("UPDATE event_listeners SET until = now() - interval '1 second'").Error)
+	st.API.ExpireEventLease()
+	gap := openEvents(t, ctx, st.URL+"/api/v1/events?deployment=d1&wait=2s", viewer, got[0].ID)
+	first = gap.until(t, 10*time.Second, func(evs []sse) bool { return len(evs) == 1 })
 	assert.Equal(t, "resync", first[0].Event)
 
 	// Bad input is a 4xx naming the field.

@@ -81,7 +81,10 @@ type Server struct {
 	// events fans the database's change notifications out to the live
 	// event stream (events.go).
 	events *eventHub
-	auth   authCache
+	// eventLease keeps the database announcing changes while the event
+	// stream has clients (events.go).
+	eventLease *eventLease
+	auth       authCache
 	// beats spaces the heartbeats of chains (chainbeats.go).
 	beats *chainBeats
 	log   *slog.Logger
@@ -94,7 +97,7 @@ func New(cfg Config) *Server {
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), events: newEventHub(cfg.Log), log: cfg.Log, beats: newChainBeats(cfg.HeartbeatTimeoutSec),
+	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), events: newEventHub(cfg.Log), eventLease: newEventLease(), log: cfg.Log, beats: newChainBeats(cfg.HeartbeatTimeoutSec),
 		fuel: fuel.New(cfg.Store), crowbar: crowbar.New(cfg.Store), heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
 	s.hub.events = s.events
 	e.HTTPErrorHandler = s.handleError

@@ -19,15 +19,18 @@ import (
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
 
-// listen subscribes to the live events and returns those that arrive until
-// none has for a moment.
-func listen(t *testing.T, url string) func() []map[string]any {
+// listen subscribes to the live events, holding a listener's lease so
+// that they are announced (migration 0028), and returns those that arrive
+// until none has for a moment.
+func listen(t *testing.T, store *storetest.Stores, url string) func() []map[string]any {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(ctx) })
 	_, err = conn.Exec(ctx, "LISTEN "+models.EventsChannel)
+	require.NoError(t, err)
+	_, err = store.HoldEventListener(ctx, t.Name(), time.Hour)
 	require.NoError(t, err)
 	return func() []map[string]any {
 		var out []map[string]any
@@ -100,7 +103,7 @@ func TestPlanEventsAndOrder(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			store, url, dep := chainDeployment(t, tc.nodes, tc.tasks)
-			events := listen(t, url)
+			events := listen(t, store, url)
 			txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
 				func(*fuel.Transaction) error { return nil })
 			require.NoError(t, err)
@@ -161,7 +164,7 @@ func TestRunUpdateEvents(t *testing.T) {
 	var runs []models.TaskRun
 	require.NoError(t, store.DB.Where("transaction_id = ?", txn.ID).Order("id").Find(&runs).Error)
 	require.Len(t, runs, 220)
-	events := listen(t, url)
+	events := listen(t, store, url)
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		require.NoError(t, store.DB.Exec(sql, args...).Error)
