@@ -73,8 +73,7 @@ type Runs interface {
 // (the Fuel store).
 type Plans interface {
 	PlanGraph(ctx context.Context, id uuid.UUID, gi int) (*contract.GraphPlan, error)
-	NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*contract.NodePlan, error)
-	StartNodeGraph(ctx context.Context, nodeID int64) error
+	StartNodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*contract.NodePlan, error)
 	FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeID int64, outcome string) error
 	FinishTransaction(ctx context.Context, id uuid.UUID, stopped bool, failReason string) (*fuel.TransactionStatus, error)
 }
@@ -117,16 +116,7 @@ func (a *Activities) LoadNodePlan(ctx context.Context, ref contract.NodeRef) (*c
 	if err != nil {
 		return nil, err
 	}
-	np, err := a.Plans.NodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range np.Runs {
-		if r.State == contract.RunPending {
-			return np, a.Plans.StartNodeGraph(ctx, ref.NodeID)
-		}
-	}
-	return np, nil
+	return a.Plans.StartNodePlan(ctx, id, ref.GraphIndex, ref.NodeID)
 }
 
 // RunTaskOnNode hands a run to its node's agent (the agent jig: the agent

@@ -151,11 +151,10 @@ func (f *fakePlans) PlanGraph(context.Context, uuid.UUID, int) (*contract.GraphP
 	f.calls++
 	return nil, f.err
 }
-func (f *fakePlans) NodePlan(context.Context, uuid.UUID, int, int64) (*contract.NodePlan, error) {
+func (f *fakePlans) StartNodePlan(context.Context, uuid.UUID, int, int64) (*contract.NodePlan, error) {
 	f.calls++
 	return nil, f.err
 }
-func (f *fakePlans) StartNodeGraph(context.Context, int64) error { return f.err }
 func (f *fakePlans) FinishNodeGraph(context.Context, uuid.UUID, int, int64, string) error {
 	return f.err
 }

@@ -2,6 +2,7 @@ package fuel
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"regexp"
@@ -56,10 +57,17 @@ func (s *Store) ResolveGraph(ctx context.Context, dep *models.Deployment, graphT
 // visibleGraphs narrows a graphs query to the graphs a deployment sees: its
 // release's, its enabled plugins' and its own, in merge order.
 func visibleGraphs(tx *gorm.DB, dep *models.Deployment) *gorm.DB {
-	return tx.Where(`(owner_kind = ? OR (owner_kind = ? AND owner_id = ?)
-		OR (owner_kind = ? AND owner_id IN (SELECT plugin_id FROM deployment_plugins WHERE deployment_id = ?))
-		OR (owner_kind = ? AND owner_id = ?))`,
-		OwnerBuiltin, OwnerRelease, dep.ReleaseID, OwnerPlugin, dep.ID, OwnerDeployment, dep.ID)
+	return tx.Where(visibleGraphsWhere("@release", "@deployment"),
+		sql.Named("release", dep.ReleaseID), sql.Named("deployment", dep.ID))
+}
+
+// visibleGraphsWhere is visibleGraphs' condition on a graphs row, for the
+// release and deployment ids given as SQL expressions.
+func visibleGraphsWhere(releaseID, deploymentID string) string {
+	return fmt.Sprintf(`(owner_kind = '%s' OR (owner_kind = '%s' AND owner_id = %s)
+		OR (owner_kind = '%s' AND owner_id IN (SELECT plugin_id FROM deployment_plugins WHERE deployment_id = %s))
+		OR (owner_kind = '%s' AND owner_id = %s))`,
+		OwnerBuiltin, OwnerRelease, releaseID, OwnerPlugin, deploymentID, OwnerDeployment, deploymentID)
 }
 
 // mergeOrder orders graphs built-in → release → plugins (by id) → deployment.
@@ -88,21 +96,6 @@ func resolveGraph(tx *gorm.DB, dep *models.Deployment, graphType string) (*Resol
 		}
 	}
 	return out, nil
-}
-
-// graphMetadata is the Metadata of resolveGraph's graph alone: what
-// finishing a node's graph needs, read without the graphs' tasks (a node
-// of a thousand-node transaction decoded them all before).
-func graphMetadata(tx *gorm.DB, dep *models.Deployment, graphType string) (map[string]any, error) {
-	var graphs []Graph
-	err := visibleGraphs(tx.Model(&Graph{}).Select("metadata").Where("type = ?", graphType), dep).Order(mergeOrder).Find(&graphs).Error
-	if err != nil {
-		return nil, fmt.Errorf("load %s graphs of deployment %s: %w", graphType, dep.Name, err)
-	}
-	if len(graphs) == 0 {
-		return nil, models.NotFound("graph type", graphType)
-	}
-	return mergedMetadata(graphs), nil
 }
 
 // mergedMetadata merges graphs' metadata in their order (mergeOrder): a

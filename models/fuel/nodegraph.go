@@ -2,7 +2,7 @@ package fuel
 
 import (
 	"context"
-	"errors"
+	"database/sql"
 	"fmt"
 	"maps"
 
@@ -61,56 +61,34 @@ func callbackAttributes(metadata map[string]any, outcome string) map[string]any 
 	return attrs
 }
 
-// StartNodeGraph marks a node busy with a graph: progress 0 until it ends.
-func (s *Store) StartNodeGraph(ctx context.Context, nodeID int64) error {
-	err := s.DB.WithContext(ctx).Model(&models.Node{}).Where("id = ?", nodeID).
-		Updates(map[string]any{"progress": 0, "updated_at": models.Now()}).Error
-	if err != nil {
-		return fmt.Errorf("start graph on node %d: %w", nodeID, err)
-	}
-	return nil
-}
-
 // FinishNodeGraph applies the graph's on_success, on_error or on_stop
 // callback to the node and resets its progress to 100 (the action has
 // committed). Applying it twice gives the same node.
 //
-// It runs once per node of a transaction, so its common case is short: the
-// graph's type and deployment are one read, its merged metadata another,
-// and a graph with no node attributes to set for this outcome (most) ends
-// with one update of the node's progress. Only a callback's attributes
-// take a database transaction, which locks the node to merge them.
+// It runs once per node of a transaction, so its common case is short:
+// one statement sets the node's progress and reads the graph's type and
+// merged metadata (finishNodeGraphSQL), and a graph with no node
+// attributes to set for this outcome (most) is done. Only a callback's
+// attributes take a database transaction, which locks the node to merge
+// them.
 func (s *Store) FinishNodeGraph(ctx context.Context, id uuid.UUID, gi int, nodeID int64, outcome string) error {
 	if gi < 0 {
 		// jsonb's -> counts a negative index from the end.
 		return fmt.Errorf("transaction %s has no graph %d", id, gi)
 	}
 	db := s.DB.WithContext(ctx)
-	var graph struct {
-		Type string
-		models.Deployment
-	}
-	err := db.Raw(`SELECT t.graphs -> ?::int ->> 'type' AS type, d.id, d.name, d.release_id
-FROM transactions t JOIN deployments d ON d.id = t.deployment_id WHERE t.id = ?`, gi, id).Find(&graph).Error
+	var graphs []Graph
+	err := db.Raw(finishNodeGraphSQL, sql.Named("gi", gi), sql.Named("tx", id), sql.Named("node", nodeID)).Find(&graphs).Error
 	switch {
 	case err != nil:
-		return fmt.Errorf("load graph %d of transaction %s: %w", gi, id, err)
-	case graph.ID == 0:
+		return fmt.Errorf("finish graph %d of transaction %s on node %d: %w", gi, id, nodeID, err)
+	case len(graphs) == 0:
 		return fmt.Errorf("load transaction %s: %w", id, models.NotFound("transaction", id))
-	case graph.Type == "":
+	case graphs[0].Type == "":
 		return fmt.Errorf("transaction %s has no graph %d", id, gi)
 	}
-	metadata, err := graphMetadata(db, &graph.Deployment, graph.Type)
-	if err != nil && !errors.Is(err, models.ErrNotFound) {
-		return err
-	}
-	attrs := callbackAttributes(metadata, outcome)
+	attrs := callbackAttributes(mergedMetadata(graphs), outcome)
 	if len(attrs) == 0 {
-		err := db.Model(&models.Node{}).Where("id = ?", nodeID).
-			Updates(map[string]any{"progress": 100, "updated_at": models.Now()}).Error
-		if err != nil {
-			return fmt.Errorf("finish graph on node %d: %w", nodeID, err)
-		}
 		return nil
 	}
 	return db.Transaction(func(tx *gorm.DB) error {
@@ -134,6 +112,24 @@ FROM transactions t JOIN deployments d ON d.id = t.deployment_id WHERE t.id = ?`
 		return nil
 	})
 }
+
+// finishNodeGraphSQL sets a node's progress to 100 at the end of graph
+// @gi of transaction @tx, and reads the graph's type and the metadata of
+// every graph of that type its deployment sees, in merge order (a row
+// with a NULL metadata when none): no row when the transaction does not
+// exist, a row with no type (and no update) when it has no such graph.
+var finishNodeGraphSQL = `WITH g AS (
+  SELECT t.graphs -> CAST(@gi AS int) ->> 'type' AS type, d.id AS deployment_id, d.release_id
+  FROM transactions t JOIN deployments d ON d.id = t.deployment_id WHERE t.id = @tx
+), fin AS (
+  UPDATE nodes SET progress = 100, updated_at = now()
+  WHERE id = @node AND EXISTS (SELECT 1 FROM g WHERE type IS NOT NULL)
+)
+SELECT g.type, gr.metadata FROM g LEFT JOIN LATERAL (
+  SELECT metadata, owner_kind, owner_id FROM graphs
+  WHERE type = g.type AND ` + visibleGraphsWhere("g.release_id", "g.deployment_id") + `
+) gr ON true
+ORDER BY ` + mergeOrder
 
 // MoveToBootstrap returns a node to discovery: back in the system
 // deployment, without roles or tags, status discover and no error. Its

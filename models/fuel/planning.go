@@ -2,6 +2,7 @@ package fuel
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -425,13 +426,41 @@ var runColumns = []string{"id", "transaction_id", "graph_index", "graph_type", "
 	"position", "spec", "state", "attempt", "finished_at", "outputs", "error",
 	"inputs_hash", "inputs_base", "lcm", "attrs_in", "created_at", "updated_at"}
 
-// contract.NodePlan loads a node's runs of graph gi in plan order with their edges.
+// NodePlan loads a node's runs of graph gi in plan order with their edges.
 func (s *Store) NodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*contract.NodePlan, error) {
+	return s.nodePlan(ctx, id, gi, nodeID, false)
+}
+
+// StartNodePlan is NodePlan for the node's workflow as it begins: when
+// some of the runs are still pending, the same statement that reads them
+// marks the node busy with the graph (progress 0, as StartNodeGraph does).
+func (s *Store) StartNodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64) (*contract.NodePlan, error) {
+	return s.nodePlan(ctx, id, gi, nodeID, true)
+}
+
+// nodeRunsSQL reads a node's runs of a graph in plan order; startNodeRunsSQL
+// also sets the node's progress to 0 when one of them is pending.
+const (
+	nodeRunsSQL = `SELECT id, task_name, task_type, state, spec FROM task_runs
+WHERE transaction_id = @tx AND graph_index = @gi AND node_id = @node ORDER BY position`
+	startNodeRunsSQL = `WITH runs AS (
+  SELECT id, task_name, task_type, state, spec, position FROM task_runs
+  WHERE transaction_id = @tx AND graph_index = @gi AND node_id = @node
+), start AS (
+  UPDATE nodes SET progress = 0, updated_at = now()
+  WHERE id = @node AND EXISTS (SELECT 1 FROM runs WHERE state = '` + contract.RunPending + `')
+)
+SELECT id, task_name, task_type, state, spec FROM runs ORDER BY position`
+)
+
+func (s *Store) nodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64, start bool) (*contract.NodePlan, error) {
 	db := s.DB.WithContext(ctx)
+	q := nodeRunsSQL
+	if start {
+		q = startNodeRunsSQL
+	}
 	var runs []models.TaskRun
-	err := db.Select("id", "task_name", "task_type", "state", "spec").
-		Where("transaction_id = ? AND graph_index = ? AND node_id = ?", id, gi, nodeID).
-		Order("position").Find(&runs).Error
+	err := db.Raw(q, sql.Named("tx", id), sql.Named("gi", gi), sql.Named("node", nodeID)).Find(&runs).Error
 	if err != nil {
 		return nil, fmt.Errorf("load runs of node %d in %s: %w", nodeID, id, err)
 	}
