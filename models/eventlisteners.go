@@ -13,11 +13,11 @@ type EventLease struct {
 	// was announced until now. When false, the changes before this lease
 	// were not announced, and a server's clients must read the state again.
 	WasLive bool
-	// Writers are set when WasLive is false: the transactions of this
-	// database that had written when the lease began (their ids). They may
+	// Writers are set when WasLive is false: the ids of the transactions
+	// of this database that had written when the lease began. They may
 	// have fired their triggers without seeing it, and so announce nothing,
 	// yet commit later. AwaitTransactions returns once they have ended.
-	Writers string
+	Writers []string
 }
 
 // HoldEventListener takes or renews the lease of server id (any string of
@@ -47,8 +47,8 @@ SELECT EXISTS (SELECT 1 FROM event_listeners WHERE until > now()) AS was_live`, 
 	// transaction an id: a transaction that fired one unannounced has an
 	// id now, or has ended. (Sessions of other roles show no id without
 	// pg_read_all_stats; anneal uses one role.)
-	err = s.DB.WithContext(ctx).Raw(`SELECT coalesce(string_agg(backend_xid::text, ','), '') FROM pg_stat_activity
-WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Row().Scan(&lease.Writers)
+	err = s.DB.WithContext(ctx).Raw(`SELECT backend_xid::text FROM pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&lease.Writers).Error
 	if err != nil {
 		return EventLease{}, fmt.Errorf("read the transactions running as the event listener lease of %s began: %w", id, err)
 	}
@@ -58,11 +58,11 @@ WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_bac
 // AwaitTransactions returns once none of the transactions writers (an
 // EventLease's Writers) is running, polling every poll, or when ctx ends
 // (with its error).
-func (s *Store) AwaitTransactions(ctx context.Context, writers string, poll time.Duration) error {
-	for writers != "" {
+func (s *Store) AwaitTransactions(ctx context.Context, writers []string, poll time.Duration) error {
+	for len(writers) > 0 {
 		var running bool
 		err := s.DB.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-WHERE datname = current_database() AND backend_xid::text = ANY(string_to_array(?, ',')))`, writers).Row().Scan(&running)
+WHERE datname = current_database() AND backend_xid::text IN ?)`, writers).Row().Scan(&running)
 		if err != nil {
 			return fmt.Errorf("wait for the transactions %s: %w", writers, err)
 		}

@@ -334,10 +334,10 @@ func (s *Server) streamEvents(c echo.Context) error {
 	}
 }
 
-// closeEventsOnDone ends every stream when ctx ends (the listener's
-// context: the server is stopping), and renews the server's event lease
-// until then while it has clients.
-func (s *Server) closeEventsOnDone(ctx context.Context) {
+// startEvents runs the event stream's background work until ctx (the
+// listener's) ends: it renews the server's event lease while the stream
+// has clients, and ends every stream when the server stops.
+func (s *Server) startEvents(ctx context.Context) {
 	go func() {
 		<-ctx.Done()
 		s.events.close()
@@ -400,7 +400,7 @@ func (s *Server) holdEventLease(ctx context.Context, renew bool) error {
 		return nil
 	}
 	s.events.restart("the server began announcing changes again after a time nobody listened; read the state again")
-	if lease.Writers == "" {
+	if len(lease.Writers) == 0 {
 		return nil
 	}
 	// Wait a little for the transactions that may have written

@@ -215,7 +215,7 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // Run serves on addr until ctx ends, with the agents' wake-up listener.
 func (s *Server) Run(ctx context.Context, addr string) error {
 	go s.hub.listen(ctx, s.cfg.DatabaseURL)
-	s.closeEventsOnDone(ctx)
+	s.startEvents(ctx)
 	srv := &http.Server{Addr: addr, Handler: s.echo, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
@@ -239,7 +239,7 @@ func (s *Server) Run(ctx context.Context, addr string) error {
 // event streams end when ctx does.
 func (s *Server) StartListener(ctx context.Context) {
 	go s.hub.listen(ctx, s.cfg.DatabaseURL)
-	s.closeEventsOnDone(ctx)
+	s.startEvents(ctx)
 }
 
 func (s *Server) health(c echo.Context) error {

@@ -32,7 +32,12 @@ func main() {
 	cfg := server.Config{}
 	var bootstrapFile, secretKeyFile, codecOrigins string
 	flag.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
-	flag.IntVar(&cfg.DBMaxConns, "db-max-conns", envInt("ANNEAL_DB_MAX_CONNS"), fmt.Sprintf("connections to Postgres at most (default $ANNEAL_DB_MAX_CONNS, else %d here: three per core, 6 to 20)", models.DefaultMaxConns()))
+	dbMaxConns, err := envInt("ANNEAL_DB_MAX_CONNS")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(2)
+	}
+	flag.IntVar(&cfg.DBMaxConns, "db-max-conns", dbMaxConns, fmt.Sprintf("connections to Postgres at most (default $ANNEAL_DB_MAX_CONNS, else %d here: three per core, 6 to 20)", models.DefaultMaxConns()))
 	flag.StringVar(&cfg.TemporalAddress, "temporal", envOr("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port")
 	flag.BoolVar(&cfg.TemporalTLS.Enabled, "temporal-tls", false, "connect to Temporal with TLS (implied by the other -temporal-tls-* flags and -temporal-api-key)")
 	flag.StringVar(&cfg.TemporalTLS.CertFile, "temporal-tls-cert", "", "client certificate for mutual TLS with Temporal (PEM)")
@@ -61,6 +66,10 @@ func main() {
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if cfg.DatabaseURL == "" {
 		fmt.Fprintln(os.Stderr, "worker: set -database-url or DATABASE_URL")
+		os.Exit(2)
+	}
+	if err := checkDBMaxConns(cfg.DBMaxConns); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(2)
 	}
 	keys, err := secrets.Load(secretKeyFile)
@@ -160,11 +169,27 @@ func secretsCommand(args []string) int {
 	return 0
 }
 
-// envInt reads a whole number from the environment (0 when unset or not
-// a number: the flag's default applies).
-func envInt(key string) int {
-	n, _ := strconv.Atoi(os.Getenv(key))
-	return n
+// envInt reads a whole number from the environment: 0 when unset (the
+// flag's default applies), an error naming the variable when it is not a
+// whole number of 0 or more.
+func envInt(key string) (int, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s: %q is not a whole number of 0 or more", key, v)
+	}
+	return n, nil
+}
+
+// checkDBMaxConns refuses a -db-max-conns no pool can have.
+func checkDBMaxConns(n int) error {
+	if n < 0 {
+		return fmt.Errorf("-db-max-conns: %d is not a number of connections (1 or more; 0 for the default)", n)
+	}
+	return nil
 }
 
 func envOr(key, fallback string) string {

@@ -13,11 +13,11 @@ package daemon
 // line is synced only if the agent has to wait for the API before it takes
 // the result (else by the next synced line, or the kernel's writeback): a
 // host crash before then leaves the started line, as a crash while it was
-// written would. A
-// run offered again is therefore never executed twice: its stored result
-// is reported again, or, when a previous agent process died while running
-// it, it is reported as failed with that reason. A new attempt (a retry
-// decided by the server) has a new number and a record of its own.
+// written would. A run offered again is therefore never executed twice:
+// its stored result is reported again, or, when a previous agent process
+// died while running it, it is reported as failed with that reason. A new
+// attempt (a retry decided by the server) has a new number and a record of
+// its own.
 //
 // One journal rather than a file per attempt: creating a file per run cost
 // an inode (on ext4 without a journal, a scan of the recently freed ones

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/models"
-	"github.com/anneal-dev/anneal/models/fuel"
 )
 
 // A graph without callbacks (the short path: one statement) ends with its
@@ -19,14 +18,12 @@ import (
 func TestFinishNodeGraphWithoutCallbacks(t *testing.T) {
 	ctx := context.Background()
 	store, _, dep := chainDeployment(t, 1, 2)
-	txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
-		func(*fuel.Transaction) error { return nil })
-	require.NoError(t, err)
+	txn := deploymentTransaction(t, store, dep)
 	var node models.Node
 	require.NoError(t, store.DB.Where("deployment_id = ?", dep.ID).Take(&node).Error)
 	require.NoError(t, store.DB.Model(&node).Update("attributes", `{"kept": "yes"}`).Error)
 
-	_, err = store.PlanGraph(ctx, txn.ID, 0)
+	_, err := store.PlanGraph(ctx, txn.ID, 0)
 	require.NoError(t, err)
 	start := func() {
 		t.Helper()
@@ -65,10 +62,8 @@ func TestFinishNodeGraphWithoutCallbacks(t *testing.T) {
 func TestStartNodePlanStartsOnlyPendingWork(t *testing.T) {
 	ctx := context.Background()
 	store, _, dep := chainDeployment(t, 1, 3)
-	txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
-		func(*fuel.Transaction) error { return nil })
-	require.NoError(t, err)
-	_, err = store.PlanGraph(ctx, txn.ID, 0)
+	txn := deploymentTransaction(t, store, dep)
+	_, err := store.PlanGraph(ctx, txn.ID, 0)
 	require.NoError(t, err)
 	var node models.Node
 	require.NoError(t, store.DB.Where("deployment_id = ?", dep.ID).Take(&node).Error)

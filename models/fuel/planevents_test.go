@@ -59,6 +59,16 @@ func runEvents(evs []map[string]any, txn string) []map[string]any {
 	return out
 }
 
+// deploymentTransaction creates a transaction of dep's deployment graph,
+// not yet planned, with no workflow started.
+func deploymentTransaction(t *testing.T, store *storetest.Stores, dep *models.Deployment) *fuel.Transaction {
+	t.Helper()
+	txn, err := store.CreateTransaction(context.Background(), fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
+		func(*fuel.Transaction) error { return nil })
+	require.NoError(t, err)
+	return txn
+}
+
 // chainDeployment is a deployment of nodes each running a chain of tasks
 // (deployment graph), with a fresh database of its own and its URL.
 func chainDeployment(t *testing.T, nodes, tasks int) (*storetest.Stores, string, *models.Deployment) {
@@ -104,9 +114,7 @@ func TestPlanEventsAndOrder(t *testing.T) {
 			ctx := context.Background()
 			store, url, dep := chainDeployment(t, tc.nodes, tc.tasks)
 			events := listen(t, store, url)
-			txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
-				func(*fuel.Transaction) error { return nil })
-			require.NoError(t, err)
+			txn := deploymentTransaction(t, store, dep)
 			gp, err := store.PlanGraph(ctx, txn.ID, 0)
 			require.NoError(t, err)
 			n := tc.nodes * tc.tasks
@@ -156,10 +164,8 @@ func TestPlanEventsAndOrder(t *testing.T) {
 func TestRunUpdateEvents(t *testing.T) {
 	ctx := context.Background()
 	store, url, dep := chainDeployment(t, 11, 20)
-	txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
-		func(*fuel.Transaction) error { return nil })
-	require.NoError(t, err)
-	_, err = store.PlanGraph(ctx, txn.ID, 0)
+	txn := deploymentTransaction(t, store, dep)
+	_, err := store.PlanGraph(ctx, txn.ID, 0)
 	require.NoError(t, err)
 	var runs []models.TaskRun
 	require.NoError(t, store.DB.Where("transaction_id = ?", txn.ID).Order("id").Find(&runs).Error)
@@ -206,9 +212,7 @@ func TestLargePlanAnalyzed(t *testing.T) {
 		analyzed     bool
 	}{{25, 20, true}, {2, 3, false}} {
 		store, _, dep := chainDeployment(t, tc.nodes, tc.tasks)
-		txn, err := store.CreateTransaction(ctx, fuel.ExecuteInput{Deployment: dep.Name, Graphs: []fuel.GraphRequest{{Type: "deployment"}}},
-			func(*fuel.Transaction) error { return nil })
-		require.NoError(t, err)
+		txn := deploymentTransaction(t, store, dep)
 		gp, err := store.PlanGraph(ctx, txn.ID, 0)
 		require.NoError(t, err)
 		require.Equal(t, tc.nodes*tc.tasks, gp.Runs)
