@@ -417,28 +417,48 @@ func runAnneal(ctx context.Context, api *apiClient, tc client.Client) (time.Dura
 }
 
 // setAside moves the previous bench's directory out of dir's way and
-// returns the function that deletes it, called once the rounds are over.
-// Deleting its files first would cost the round itself: on ext4 without a
-// journal (this project's machines), a new inode is searched past every
-// inode of its block group deleted in the last minutes (recently_deleted),
-// and each agent creates a log file per run next to where the old ones
-// were: 0.3 to 0.8 ms of kernel CPU per file then, against 0.04 ms on a
-// quiet file system.
+// returns the function, called once the rounds are over, that deletes the
+// set-aside directories older than keepOldBench.
+//
+// Deleting a bench's files costs the benches that follow within minutes:
+// on ext4 without a journal (this project's machines), a new inode is
+// searched past every inode of its block group deleted in the last one to
+// six minutes (the kernel's recently_deleted), and each agent creates a
+// log file per run where the old ones were: 0.2 to 0.45 ms of kernel CPU
+// per file then, against 0.04 ms on a quiet file system, which is a tenth
+// of the own CPU per run the bench measures. Deleted right after the
+// rounds, as they were, the previous bench's files slowed every bench run
+// after it; kept for a day, they slow none run within that day.
 func setAside(dir string) (func(), error) {
-	old := fmt.Sprintf("%s.old-%d", dir, time.Now().UnixNano())
+	now := time.Now()
+	old := fmt.Sprintf("%s.old-%d", dir, now.UnixNano())
 	if err := os.Rename(dir, old); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("set the previous bench aside: %w", err)
 	}
 	return func() {
-		// This run's and any an interrupted bench left.
 		olds, _ := filepath.Glob(dir + ".old-*")
+		var kept []string
 		for _, o := range olds {
-			if err := os.RemoveAll(o); err != nil {
-				fmt.Fprintf(os.Stderr, "cannot remove the previous bench's files: %v\n", err)
+			nanos, err := strconv.ParseInt(strings.TrimPrefix(o, dir+".old-"), 10, 64)
+			if err == nil && now.Sub(time.Unix(0, nanos)) < keepOldBench {
+				kept = append(kept, o)
+				continue
 			}
+			if err := os.RemoveAll(o); err != nil {
+				fmt.Fprintf(os.Stderr, "cannot remove a previous bench's files: %v\n", err)
+			}
+		}
+		if len(kept) > 0 {
+			fmt.Fprintf(os.Stderr, "kept %d previous benches' files (%s.old-*) until they are %s old: deleting them now would slow the file creation of a bench run within minutes; remove them by hand when no bench follows\n",
+				len(kept), dir, keepOldBench)
 		}
 	}, nil
 }
+
+// keepOldBench is how long a previous bench's files stay set aside (see
+// setAside): longer than a working session of benches, short enough that
+// a day's benches at 1,000 × 20 (about 100 MiB each) do not fill a disk.
+const keepOldBench = 24 * time.Hour
 
 // eagerActivitiesArgs turn on eager activity execution on a Temporal dev
 // server (off by default in the server): an activity scheduled on the

@@ -146,6 +146,14 @@ func TestShellReusesScratchFiles(t *testing.T) {
 	assert.Nil(t, second.Attrs)
 	third := scratchRun(t, e, 3, attrs, "true")
 	assert.Equal(t, first.Outputs["out"], third.Outputs["out"], "the same outputs file")
+	// The answer file the third run left empty is handed on untouched.
+	answer := filepath.Join(filepath.Dir(first.Outputs["out"]), "attrs-out-"+strconv.Itoa(os.Getpid())+"-0.json")
+	hourAgo := time.Now().Add(-time.Hour).Truncate(time.Second)
+	require.NoError(t, os.Chtimes(answer, hourAgo, hourAgo))
+	scratchRun(t, e, 4, attrs, "true")
+	info, err := os.Stat(answer)
+	require.NoError(t, err)
+	assert.Equal(t, hourAgo, info.ModTime(), "an empty answer file is not emptied again")
 	pid := strconv.Itoa(os.Getpid())
 	assert.ElementsMatch(t, []string{"outputs-" + pid + "-0", "attrs-out-" + pid + "-0.json", filepath.Base(first.Outputs["attrs"])}, scratchFiles(t, e))
 }
