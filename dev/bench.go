@@ -274,6 +274,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
   ratio anneal/bare %8.2f    (target <= 1.0; rounds: %s)
   planning          %8.3f s  (PlanGraph activity, started to completed; %.3f s queued before it started)
   largest history   %8d events (transaction workflow); its graph and node workflows up to %d events (%s)
+  node workflows    %8.1f events each on average (%d node workflows: their Temporal actions, wake-ups included)
   activity queue    scheduled to started: anneal %s; bare %s (next to nothing when eager, %s)
   worker RSS        %8.1f MiB peak%s
   anneal's own CPU per task run: %.2f ms (machine minus Temporal server, / runs); %.2f ms measured in anneal's processes
@@ -284,6 +285,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		m.bare.Seconds(), float64(bareRuns)/m.bare.Seconds(), m.ratio(), ratios(results),
 		m.hist.planning.Seconds(), m.hist.planningQueued.Seconds(),
 		maxHist, maxChild, m.hist.maxChildID,
+		float64(m.hist.nodeEvents)/float64(max(m.hist.nodes, 1)), m.hist.nodes,
 		m.hist.nodeQueue, m.bareQueue, eagerState(*eager),
 		float64(rss)/(1<<20), errSuffix(rssErr),
 		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),

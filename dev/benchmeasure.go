@@ -243,7 +243,9 @@ type historyStats struct {
 	txEvents       int           // events in the transaction workflow's history
 	maxChild       int           // longest history of a graph or node workflow
 	maxChildID     string        // its workflow id
-	children       int           // node workflows started
+	children       int           // graph workflows started
+	nodes          int           // node workflows started
+	nodeEvents     int           // events in all node workflows' histories
 	planning       time.Duration // PlanGraph: started to completed
 	planningQueued time.Duration // PlanGraph: scheduled to started
 	nodeQueue      activityWait  // the activities of one node workflow
@@ -336,6 +338,26 @@ func readHistories(ctx context.Context, c client.Client, txID string) historySta
 		}
 	}
 	hs.children = len(kids)
+	// The graph workflows' children are the node workflows.
+	var nodes []string
+	for _, id := range kids {
+		it := c.GetWorkflowHistory(ctx, id, "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		n := 0
+		for it.HasNext() {
+			ev, err := it.Next()
+			if err != nil {
+				hs.err = fmt.Errorf("history of %s: %w", id, err)
+				return hs
+			}
+			n++
+			if ev.GetEventType() == enumspb.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED {
+				nodes = append(nodes, ev.GetChildWorkflowExecutionStartedEventAttributes().GetWorkflowExecution().GetWorkflowId())
+			}
+		}
+		if n > hs.maxChild {
+			hs.maxChild, hs.maxChildID = n, id
+		}
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	work := make(chan string)
@@ -349,18 +371,21 @@ func readHistories(ctx context.Context, c client.Client, txID string) historySta
 				if err != nil && hs.err == nil {
 					hs.err = fmt.Errorf("describe %s: %w", id, err)
 				}
-				if n := int(d.GetWorkflowExecutionInfo().GetHistoryLength()); n > hs.maxChild {
+				n := int(d.GetWorkflowExecutionInfo().GetHistoryLength())
+				hs.nodeEvents += n
+				if n > hs.maxChild {
 					hs.maxChild, hs.maxChildID = n, id
 				}
 				mu.Unlock()
 			}
 		}()
 	}
-	for _, id := range kids {
+	for _, id := range nodes {
 		work <- id
 	}
 	close(work)
 	wg.Wait()
+	hs.nodes = len(nodes)
 	return hs
 }
 
