@@ -42,6 +42,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	serverMetrics := fs.Int("server-metrics", 0, "serve the Temporal dev server's Prometheus metrics on this port during the bench "+
 		"(task_errors_throttled, task_latency_queue and task_attempt by operation show work queued behind a busy workflow)")
 	pprofDir := fs.String("pprof", "", "write CPU profiles of the worker+API and of the bench process (the agents with --agents-per-process 0) during the anneal phases into DIR")
+	idle := fs.Duration("idle", 20*time.Second, "measure the site idle for this long before the rounds (0: not): what the agents' background traffic (heartbeats, long polls) costs the worker, Postgres and the agents")
 	planOnly := fs.Bool("plan-only", false, "measure planning alone: the bench's deployment and nodes made in Postgres (no Temporal, agents or worker), "+
 		"then per round one transaction of the bench graph planned as the PlanGraph activity does; prints the median (with --pprof DIR, a CPU profile)")
 	if err := fs.Parse(args); err != nil {
@@ -204,6 +205,27 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	case <-time.After(5 * time.Second):
 	}
 
+	idleLine := ""
+	if *idle > 0 {
+		fmt.Printf("idle site: %d agents for %s...\n", *nodes, *idle)
+		if prof != nil {
+			if err := prof.start(0); err != nil { // round 0: the idle site
+				return err
+			}
+		}
+		meter.start()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(*idle):
+		}
+		idleLine = idleCPU(meter.stop(), *nodes, *idle)
+		if prof != nil {
+			prof.stop(ctx)
+		}
+		fmt.Println(idleLine)
+	}
+
 	// Rounds alternate which side goes first, and the median ratio is
 	// reported: this machine is noisy and the SQLite file grows as it goes.
 	var results []roundResult
@@ -291,6 +313,9 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
 		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
 		m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
+	if idleLine != "" {
+		fmt.Println("  " + idleLine)
+	}
 	for _, r := range results {
 		if r.warning != "" {
 			fmt.Println("  " + r.warning)
@@ -330,6 +355,16 @@ func (u cpuUse) split(runs int) string {
 		"Postgres bench db %s [cluster %.1f, %d backends seen] + other %.1f",
 		u.total, per(u.server), per(u.worker), per(u.bench), 1000*u.commands/float64(runs), per(u.pgOurs), u.pgCluster, u.pgBackends,
 		u.total-u.server-u.worker-u.bench-u.pgCluster)
+}
+
+// idleCPU describes what an idle site cost over d: the background of its
+// n agents (heartbeats, long polls and what the API does for them), in
+// thousandths of a core, by process, and per agent.
+func idleCPU(u cpuUse, n int, d time.Duration) string {
+	milli := func(s float64) float64 { return 1000 * s / d.Seconds() }
+	ours := u.worker + u.bench + u.pgOurs
+	return fmt.Sprintf("idle site: %.0f thousandths of a core for %d agents (worker/API %.0f, agents %.0f, Postgres %.0f; Temporal server %.0f): %.1f µs of CPU per agent per second",
+		milli(ours), n, milli(u.worker), milli(u.bench), milli(u.pgOurs), milli(u.server), 1e6*ours/d.Seconds()/float64(n))
 }
 
 // roundResult is one round of the benchmark.

@@ -93,12 +93,12 @@ func (s *Server) nodeHeartbeatEverySec() int {
 const (
 	defaultPollWait = 25 * time.Second
 	maxPollWait     = 60 * time.Second
-	// softwareRecheck bounds how late a software poll sees a change that
-	// sent no NOTIFY (a deployment created, started or deleted). Work needs
-	// no such recheck: every dispatch notifies, a lost listener wakes every
-	// waiter, and a lease's end is a time the poll knows.
-	softwareRecheck = 15 * time.Second
 )
+
+// A long poll looks at the database again only when woken (a NOTIFY for
+// its node, or a lost listener, which wakes every waiter) or when a time
+// it knows comes (a lease's end): every dispatch notifies, and so does
+// every change of a node's software deployments (migration 0029).
 
 // pollWait reads ?wait= of a long poll (default 25s, at most 60s).
 func pollWait(c echo.Context) (time.Duration, error) {
@@ -115,10 +115,9 @@ func pollWait(c echo.Context) (time.Duration, error) {
 
 // longPoll calls ready until it reports true, for up to wait: again each
 // time Postgres announces a change of this kind for the node (the hub's
-// NOTIFY), and at least every recheck. It returns whether ready answered
-// before the wait ran out.
-func (s *Server) longPoll(ctx context.Context, kind string, nodeID int64, wait, recheck time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
-	return s.longPollUntil(ctx, kind, nodeID, wait, recheck, func(ctx context.Context) (bool, time.Time, error) {
+// NOTIFY). It returns whether ready answered before the wait ran out.
+func (s *Server) longPoll(ctx context.Context, kind string, nodeID int64, wait time.Duration, ready func(context.Context) (bool, error)) (bool, error) {
+	return s.longPollUntil(ctx, kind, nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
 		ok, err := ready(ctx)
 		return ok, time.Time{}, err
 	})
@@ -126,7 +125,7 @@ func (s *Server) longPoll(ctx context.Context, kind string, nodeID int64, wait, 
 
 // longPollUntil is longPoll whose ready also says when to look again even
 // without a notification (zero: no such time), e.g. when a lease runs out.
-func (s *Server) longPollUntil(ctx context.Context, kind string, nodeID int64, wait, recheck time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
+func (s *Server) longPollUntil(ctx context.Context, kind string, nodeID int64, wait time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
@@ -136,22 +135,25 @@ func (s *Server) longPollUntil(ctx context.Context, kind string, nodeID int64, w
 			cancel()
 			return ok, err
 		}
-		again := recheck
+		var at <-chan time.Time // nil: no time to look again at
+		var timer *time.Timer
 		if !wakeAt.IsZero() {
 			// A little after the time, so that the database sees it passed.
-			again = min(again, max(time.Until(wakeAt)+10*time.Millisecond, 10*time.Millisecond))
+			timer = time.NewTimer(max(time.Until(wakeAt)+10*time.Millisecond, 10*time.Millisecond))
+			at = timer.C
 		}
-		timer := time.NewTimer(again)
 		expired := false
 		select {
 		case <-woken:
-		case <-timer.C:
+		case <-at:
 		case <-deadline.C:
 			expired = true
 		case <-ctx.Done():
 		}
 		cancel()
-		timer.Stop()
+		if timer != nil {
+			timer.Stop()
+		}
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
@@ -172,7 +174,7 @@ func (s *Server) agentWork(c echo.Context) error {
 		return err
 	}
 	var runs []models.TaskRun
-	_, err = s.longPollUntil(c.Request().Context(), models.WakeWork, nodeID, wait, maxPollWait, func(ctx context.Context) (bool, time.Time, error) {
+	_, err = s.longPollUntil(c.Request().Context(), models.WakeWork, nodeID, wait, func(ctx context.Context) (bool, time.Time, error) {
 		// A run handed out but not acknowledged is offered again when its
 		// lease runs out (next); no notification announces that.
 		var next time.Time

@@ -306,7 +306,7 @@ func (s *Server) agentSoftwareDeployments(c echo.Context) error {
 		return err
 	}
 	var version string
-	changed, err := s.longPoll(c.Request().Context(), models.WakeSoftware, nodeID, wait, softwareRecheck, func(ctx context.Context) (bool, error) {
+	changed, err := s.longPoll(c.Request().Context(), models.WakeSoftware, nodeID, wait, func(ctx context.Context) (bool, error) {
 		v, err := s.heat.AgentSoftwareVersion(ctx, nodeID)
 		version = strconv.FormatInt(v, 10)
 		return version != have, err

@@ -3,10 +3,13 @@ package heat_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -19,6 +22,41 @@ import (
 )
 
 func noStart(*heat.SoftwareDeployment) error { return nil }
+
+// Every change of a node's software deployments wakes its agent's software
+// long poll ("s:<node id>" on the work channel), which looks at the
+// database again only when woken: a deployment created, given a new round,
+// or removed.
+func TestSoftwareChangesWakeTheNode(t *testing.T) {
+	store, url := storetest.Open(t)
+	ctx := context.Background()
+	node, _, err := store.CreateNode(ctx, models.NodeInput{Name: "wake.anneal.test"}, true)
+	require.NoError(t, err)
+	cfg, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{Name: "c", Config: "true"})
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+models.WorkChannel)
+	require.NoError(t, err)
+	woken := func(what string) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n, err := conn.WaitForNotification(wctx)
+		require.NoError(t, err, "no wake-up after %s", what)
+		assert.Equal(t, fmt.Sprintf("%s:%d", models.WakeSoftware, node.ID), n.Payload, what)
+	}
+
+	d, err := store.CreateSoftwareDeployment(ctx, heat.SoftwareDeploymentInput{ConfigID: cfg.ID, Server: node.Name}, noStart)
+	require.NoError(t, err)
+	woken("a deployment created")
+	_, _, err = store.StartSoftwareDelete(ctx, d.ID, 0, noStart)
+	require.NoError(t, err)
+	woken("a new round")
+	require.NoError(t, store.DB.Exec("DELETE FROM software_deployments WHERE id = ?", d.ID).Error)
+	woken("a deployment removed")
+}
 
 // A round goes WAITING → IN_PROGRESS (references resolved, defaults
 // filled) → COMPLETE with the signalled outputs; a repeated signal changes
