@@ -55,6 +55,9 @@ func (s *Server) deleteNode(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if node.AgentTokenHash != nil {
+		s.auth.forget(*node.AgentTokenHash)
+	}
 	s.log.Info("node deleted", "node", node.Name, "node_id", node.ID)
 	return c.JSON(http.StatusOK, node)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/crowbar"
@@ -80,4 +81,15 @@ func TestNetworkRoleAndNodeDelete(t *testing.T) {
 	var freed int64
 	require.NoError(t, st.Store.DB.Raw(`SELECT count(*) FROM network_allocations WHERE address = '192.168.124.11'`).Scan(&freed).Error)
 	assert.Zero(t, freed, "on_node_delete freed its address")
+
+	// A deleted node's agent credential stops working at once, although
+	// the API trusts a verified one for a while (agentAuthTTL).
+	_, secret, err := st.Store.CreateNode(t.Context(), models.NodeInput{Name: nodeName("net3")}, true)
+	require.NoError(t, err)
+	status, body = testenv.Call(t, http.MethodPost, st.URL+protocol.PathHeartbeat, secret, map[string]any{}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	status, body = st.Do(t, http.MethodDelete, "/api/v1/nodes/"+nodeName("net3"), nil, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	status, body = testenv.Call(t, http.MethodPost, st.URL+protocol.PathHeartbeat, secret, map[string]any{}, nil)
+	assert.Equal(t, http.StatusUnauthorized, status, "%s", body)
 }

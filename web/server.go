@@ -660,15 +660,25 @@ func timeWalk(v any, t reflect.Type, path string, depth int) string {
 	return ""
 }
 
-// authTTL bounds how long a verified token is trusted without asking the
-// database again: agents call several times per task, and a revoked token
-// stops working within this delay.
+// authTTL bounds how long a verified operator token is trusted without
+// asking the database again: a revoked token stops working within this
+// delay.
 const authTTL = 10 * time.Second
+
+// agentAuthTTL is authTTL for an agent's credential: longer than an idle
+// agent's requests are apart (a heartbeat every 20 s, each long poll
+// renewed every 55 s), so that they do not each look the node up again,
+// most of what a thousand idle agents cost the API after their software
+// polls. An agent's credential ends with its node (deleteNode forgets it
+// on this server at once), and whatever an agent asks is of its node's
+// rows, which are gone then.
+const agentAuthTTL = time.Minute
 
 // authCache remembers recently verified tokens by their hash.
 type authCache struct {
 	mu      sync.Mutex
 	entries map[string]authEntry
+	now     func() time.Time // time.Now, unless a test sets it
 }
 
 type authEntry struct {
@@ -679,6 +689,9 @@ type authEntry struct {
 func (a *authCache) authenticate(ctx context.Context, token string, verify func(context.Context, string) (models.Principal, error)) (models.Principal, error) {
 	key := models.HashSecret(token)
 	now := time.Now()
+	if a.now != nil {
+		now = a.now()
+	}
 	a.mu.Lock()
 	e, ok := a.entries[key]
 	a.mu.Unlock()
@@ -694,7 +707,11 @@ func (a *authCache) authenticate(ctx context.Context, token string, verify func(
 	if a.entries == nil || len(a.entries) > 10000 {
 		a.entries = map[string]authEntry{} // crude bound; tokens are few
 	}
-	a.entries[key] = authEntry{p: p, expires: now.Add(authTTL)}
+	ttl := authTTL
+	if p.IsAgent() {
+		ttl = agentAuthTTL
+	}
+	a.entries[key] = authEntry{p: p, expires: now.Add(ttl)}
 	return p, nil
 }
 
