@@ -52,7 +52,7 @@ func (f *attrsFiles) environ() []string {
 // (for a graph task, every run's whole node data) for the API to decode,
 // redact and store.
 func (f *attrsFiles) read(sent json.RawMessage) (json.RawMessage, error) {
-	if f.out == "" {
+	if f.out == "" || leftEmpty(f.out) {
 		return nil, nil
 	}
 	file, err := os.Open(f.out)

@@ -62,8 +62,9 @@ func TestShellNoAttributesForTaskRuns(t *testing.T) {
 
 // TestShellAttributesFileShared: on an agent (ReuseScratch), runs sent the
 // same attributes read one file, which no run creates again; a run that
-// changed it in place does not change what the next one reads; other
-// attributes get their own file.
+// changed it in place (even to the same length, once the agent knows the
+// file and no longer reads it) does not change what the next one reads;
+// other attributes get their own file.
 func TestShellAttributesFileShared(t *testing.T) {
 	e := newExecutor(t)
 	e.ReuseScratch = true
@@ -85,6 +86,10 @@ func TestShellAttributesFileShared(t *testing.T) {
 	now, err := os.Stat(third)
 	require.NoError(t, err)
 	assert.False(t, os.SameFile(info, now), "the spoiled file was replaced")
+	// Known to hold the attributes since the third run, without being read
+	// again; changed in place to the same length, it is read and replaced.
+	run(5, sent, `printf '%s' '{"db":{"port":9999}}' > "$ANNEAL_ATTRS"`)
+	run(6, sent, `test "$(cat "$ANNEAL_ATTRS")" = '{"db":{"port":5432}}'`)
 	other := run(4, json.RawMessage(`{"db":{"port":6432}}`), `grep -q 6432 "$ANNEAL_ATTRS"`)
 	assert.NotEqual(t, first, other)
 }

@@ -27,6 +27,53 @@ type scratchSlots struct {
 	mu   sync.Mutex
 	free []int
 	next int
+	// held are the shared files (holding) as last written or read whole,
+	// by path: one unchanged since (same inode, size and change time) is
+	// known to hold its data without reading it again.
+	held map[string]fileStamp
+}
+
+// fileStamp identifies a file's content without reading it: any write,
+// or another file renamed into its place, changes it (the change time
+// cannot be set back by a program).
+type fileStamp struct {
+	ino, size int64
+	ctime     syscall.Timespec
+}
+
+// stampOf is the stamp of the regular file at path, or false.
+func stampOf(path string) (fileStamp, bool) {
+	info, err := os.Lstat(path)
+	if err != nil || !info.Mode().IsRegular() {
+		return fileStamp{}, false
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileStamp{}, false
+	}
+	return fileStamp{ino: int64(st.Ino), size: info.Size(), ctime: st.Ctim}, true
+}
+
+// heldUnchanged says whether path is still the file stamped when it was
+// last known to hold its data.
+func (s *scratchSlots) heldUnchanged(path string) bool {
+	now, ok := stampOf(path)
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[path] == now
+}
+
+// holds records that path, as stamped, held its data.
+func (s *scratchSlots) holds(path string, stamp fileStamp) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held == nil || len(s.held) > 1000 {
+		s.held = map[string]fileStamp{} // a node's runs share a few
+	}
+	s.held[path] = stamp
 }
 
 func (s *scratchSlots) take() int {
@@ -113,7 +160,16 @@ func (s *runScratch) holding(name, suffix string, data []byte, secret bool) (str
 	}
 	sum := sha256.Sum256(data)
 	path := filepath.Join(s.dir, name+"-"+hex.EncodeToString(sum[:16])+suffix)
+	if s.slots.heldUnchanged(path) {
+		return path, nil
+	}
+	// Stamped before it is read: a change after that changes the stamp,
+	// and the next run reads the file again.
+	stamp, stamped := stampOf(path)
 	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
+		if stamped {
+			s.slots.holds(path, stamp)
+		}
 		return path, nil
 	}
 	if err := writeReplacing(path, name+"-*.tmp", data, false); err != nil {
@@ -162,7 +218,7 @@ func createInDir[T any](dir string, perm os.FileMode, create func() (T, error)) 
 // outputs, and a look (lstat) costs a fifth of emptying it again (an open
 // that truncates, a stat, a close).
 func emptyFile(path string) error {
-	if info, err := os.Lstat(path); err == nil && info.Mode().IsRegular() && info.Size() == 0 {
+	if leftEmpty(path) {
 		return nil
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
