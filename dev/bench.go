@@ -216,13 +216,16 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		meter.start()
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
 		case <-time.After(*idle):
 		}
-		idleLine = idleCPU(meter.stop(), *nodes, *idle)
+		use := meter.stop()
 		if prof != nil {
 			prof.stop(ctx)
 		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		idleLine = idleCPU(use, *nodes, *idle)
 		fmt.Println(idleLine)
 	}
 
@@ -362,7 +365,7 @@ func (u cpuUse) split(runs int) string {
 // thousandths of a core, by process, and per agent.
 func idleCPU(u cpuUse, n int, d time.Duration) string {
 	milli := func(s float64) float64 { return 1000 * s / d.Seconds() }
-	ours := u.worker + u.bench + u.pgOurs
+	ours := u.ours()
 	return fmt.Sprintf("idle site: %.0f thousandths of a core for %d agents (worker/API %.0f, agents %.0f, Postgres %.0f; Temporal server %.0f): %.1f µs of CPU per agent per second",
 		milli(ours), n, milli(u.worker), milli(u.bench), milli(u.pgOurs), milli(u.server), 1e6*ours/d.Seconds()/float64(n))
 }

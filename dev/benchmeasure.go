@@ -244,8 +244,8 @@ type historyStats struct {
 	maxChild       int           // longest history of a graph or node workflow
 	maxChildID     string        // its workflow id
 	children       int           // graph workflows started
-	nodes          int           // node workflows started
-	nodeEvents     int           // events in all node workflows' histories
+	nodes          int           // node workflows described
+	nodeEvents     int           // events in their histories
 	planning       time.Duration // PlanGraph: started to completed
 	planningQueued time.Duration // PlanGraph: scheduled to started
 	nodeQueue      activityWait  // the activities of one node workflow
@@ -372,7 +372,10 @@ func readHistories(ctx context.Context, c client.Client, txID string) historySta
 					hs.err = fmt.Errorf("describe %s: %w", id, err)
 				}
 				n := int(d.GetWorkflowExecutionInfo().GetHistoryLength())
-				hs.nodeEvents += n
+				if err == nil {
+					hs.nodes++
+					hs.nodeEvents += n
+				}
 				if n > hs.maxChild {
 					hs.maxChild, hs.maxChildID = n, id
 				}
@@ -385,7 +388,6 @@ func readHistories(ctx context.Context, c client.Client, txID string) historySta
 	}
 	close(work)
 	wg.Wait()
-	hs.nodes = len(nodes)
 	return hs
 }
 

@@ -34,6 +34,12 @@ const WorkChannel = "anneal_work"
 // listener lease (migration 0028, HoldEventListener).
 const EventsChannel = "anneal_events"
 
+// CredentialsChannel is the Postgres NOTIFY channel on which a credential
+// that stopped working (an operator token revoked, a node's agent
+// credential replaced or deleted with its node) is announced by its hash
+// (migration 0030), for the API servers to drop it from their caches.
+const CredentialsChannel = "anneal_credentials"
+
 // Kinds of wake-up on WorkChannel: the payload's prefix before the node id.
 const (
 	WakeWork     = "w"

@@ -651,9 +651,12 @@ type workHub struct {
 	log *slog.Logger
 	// events, when set, receives the live event stream's notifications,
 	// read on the same LISTEN connection.
-	events  *eventHub
-	mu      sync.Mutex
-	waiters map[wakeKey]map[chan struct{}]struct{}
+	events *eventHub
+	// credentials, when set, is told of each credential that stopped
+	// working (its hash) and, with "", that some may have been missed.
+	credentials func(hash string)
+	mu          sync.Mutex
+	waiters     map[wakeKey]map[chan struct{}]struct{}
 }
 
 // wakeKey is what a long poll waits for: a kind (models.WakeWork or
@@ -773,6 +776,13 @@ func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) 
 		// Changes made while no connection listened were not announced.
 		h.events.resync("the server (re)connected to the database")
 	}
+	if h.credentials != nil {
+		if _, err := conn.Exec(ctx, "LISTEN "+models.CredentialsChannel); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		// Nor were the credentials revoked meanwhile.
+		h.credentials("")
+	}
 	connected()
 	h.closeAll()
 	for {
@@ -783,6 +793,12 @@ func (h *workHub) listenOnce(ctx context.Context, url string, connected func()) 
 		if n.Channel == models.EventsChannel {
 			if h.events != nil {
 				h.events.publish(n.Payload)
+			}
+			continue
+		}
+		if n.Channel == models.CredentialsChannel {
+			if h.credentials != nil && n.Payload != "" {
+				h.credentials(n.Payload)
 			}
 			continue
 		}

@@ -47,3 +47,33 @@ func TestAuthCacheTrustsAgentsLonger(t *testing.T) {
 	auth("agt_one")
 	assert.Equal(t, 3, asked["agt_one"], "a forgotten credential is asked for at once")
 }
+
+// A verification that began before a credential was dropped is not kept
+// (it may have read the credential before it stopped working), and an
+// announcement that some were missed drops them all.
+func TestAuthCacheDropsRevokedCredentials(t *testing.T) {
+	cache := &authCache{}
+	p := models.Principal{NodeID: 1, Name: "n1.anneal.test"}
+	asked := 0
+	verify := func(context.Context, string) (models.Principal, error) {
+		asked++
+		return p, nil
+	}
+	racing := func(context.Context, string) (models.Principal, error) {
+		asked++
+		cache.revoked(models.HashSecret("agt_one")) // deleted meanwhile
+		return p, nil
+	}
+	_, err := cache.authenticate(context.Background(), "agt_one", racing)
+	require.NoError(t, err)
+	_, err = cache.authenticate(context.Background(), "agt_one", verify)
+	require.NoError(t, err)
+	assert.Equal(t, 2, asked, "what the racing verification read was not kept")
+	_, err = cache.authenticate(context.Background(), "agt_one", verify)
+	require.NoError(t, err)
+	assert.Equal(t, 2, asked, "kept from then on")
+	cache.revoked("")
+	_, err = cache.authenticate(context.Background(), "agt_one", verify)
+	require.NoError(t, err)
+	assert.Equal(t, 3, asked, "all dropped when some announcements may have been missed")
+}

@@ -54,7 +54,8 @@ func (s *Server) listTokens(c echo.Context) error {
 }
 
 // revokeToken: DELETE /tokens/:id → 204. The token stops working at once on
-// this server (its cache entry goes) and within authTTL on the others.
+// this server (its cache entry goes) and on the others when Postgres's
+// announcement of it reaches them (migration 0030).
 func (s *Server) revokeToken(c echo.Context) error {
 	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
 	if err != nil || id <= 0 {

@@ -3,6 +3,7 @@ package web_test
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -92,4 +93,20 @@ func TestNetworkRoleAndNodeDelete(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	status, body = testenv.Call(t, http.MethodPost, st.URL+protocol.PathHeartbeat, secret, map[string]any{}, nil)
 	assert.Equal(t, http.StatusUnauthorized, status, "%s", body)
+
+	// One replaced behind the API's back (as `dev up` resets one in
+	// Postgres, or another API server deletes its node) stops working
+	// once Postgres announces it.
+	_, secret, err = st.Store.CreateNode(t.Context(), models.NodeInput{Name: nodeName("net4")}, true)
+	require.NoError(t, err)
+	status, body = testenv.Call(t, http.MethodPost, st.URL+protocol.PathHeartbeat, secret, map[string]any{}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	_, fresh, err := st.Store.ResetAgentCredential(t.Context(), nodeName("net4"))
+	require.NoError(t, err)
+	assert.Eventually(t, func() bool {
+		status, _ := testenv.Call(t, http.MethodPost, st.URL+protocol.PathHeartbeat, secret, map[string]any{}, nil)
+		return status == http.StatusUnauthorized
+	}, 5*time.Second, 50*time.Millisecond, "the replaced credential still works")
+	status, body = testenv.Call(t, http.MethodPost, st.URL+protocol.PathHeartbeat, fresh, map[string]any{}, nil)
+	assert.Equal(t, http.StatusOK, status, "%s", body)
 }

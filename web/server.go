@@ -100,6 +100,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, echo: e, hub: newWorkHub(cfg.Log), events: newEventHub(cfg.Log), eventLease: newEventLease(), log: cfg.Log, beats: newChainBeats(cfg.HeartbeatTimeoutSec),
 		fuel: fuel.New(cfg.Store), crowbar: crowbar.New(cfg.Store), heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
 	s.hub.events = s.events
+	s.hub.credentials = s.auth.revoked
 	e.HTTPErrorHandler = s.handleError
 	e.Pre(s.methodNotAllowed)
 	e.Use(middleware.Recover())
@@ -661,24 +662,27 @@ func timeWalk(v any, t reflect.Type, path string, depth int) string {
 }
 
 // authTTL bounds how long a verified operator token is trusted without
-// asking the database again: a revoked token stops working within this
-// delay.
+// asking the database again.
 const authTTL = 10 * time.Second
 
 // agentAuthTTL is authTTL for an agent's credential: longer than an idle
 // agent's requests are apart (a heartbeat every 20 s, each long poll
 // renewed every 55 s), so that they do not each look the node up again,
 // most of what a thousand idle agents cost the API after their software
-// polls. An agent's credential ends with its node (deleteNode forgets it
-// on this server at once), and whatever an agent asks is of its node's
-// rows, which are gone then.
+// polls. A credential that stops working is dropped from every server's
+// cache at once all the same: Postgres announces it (migration 0030,
+// authCache.revoked).
 const agentAuthTTL = time.Minute
 
 // authCache remembers recently verified tokens by their hash.
 type authCache struct {
 	mu      sync.Mutex
 	entries map[string]authEntry
-	now     func() time.Time // time.Now, unless a test sets it
+	// gen counts the credentials dropped: a verification that began
+	// before one was dropped is not kept, as it may have read the
+	// credential before it stopped working.
+	gen uint64
+	now func() time.Time // time.Now, unless a test sets it
 }
 
 type authEntry struct {
@@ -694,6 +698,7 @@ func (a *authCache) authenticate(ctx context.Context, token string, verify func(
 	}
 	a.mu.Lock()
 	e, ok := a.entries[key]
+	gen := a.gen
 	a.mu.Unlock()
 	if ok && now.Before(e.expires) {
 		return e.p, nil
@@ -704,6 +709,9 @@ func (a *authCache) authenticate(ctx context.Context, token string, verify func(
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.gen != gen {
+		return p, nil // verified, but not kept
+	}
 	if a.entries == nil || len(a.entries) > 10000 {
 		a.entries = map[string]authEntry{} // crude bound; tokens are few
 	}
@@ -715,10 +723,25 @@ func (a *authCache) authenticate(ctx context.Context, token string, verify func(
 	return p, nil
 }
 
+// revoked drops the credential whose hash Postgres announced as no longer
+// working, or every one when hash is "" (announcements may have been
+// missed while the server did not listen).
+func (a *authCache) revoked(hash string) {
+	if hash == "" {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.entries = nil
+		a.gen++
+		return
+	}
+	a.forget(hash)
+}
+
 // forget drops a token (by its hash) from the cache: a revoked token stops
 // working on this server at once.
 func (a *authCache) forget(hash string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.entries, hash)
+	a.gen++
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 )
@@ -27,9 +28,9 @@ type scratchSlots struct {
 	mu   sync.Mutex
 	free []int
 	next int
-	// held are the shared files (holding) as last written or read whole,
-	// by path: one unchanged since (same inode, size and change time) is
-	// known to hold its data without reading it again.
+	// held are the shared files (holding) as last read whole and found to
+	// hold their data, by path: one unchanged since (same inode, size and
+	// change time) still holds it, and is not read again.
 	held map[string]fileStamp
 }
 
@@ -164,10 +165,13 @@ func (s *runScratch) holding(name, suffix string, data []byte, secret bool) (str
 		return path, nil
 	}
 	// Stamped before it is read: a change after that changes the stamp,
-	// and the next run reads the file again.
+	// and the next run reads the file again. Not while its change time is
+	// recent: a kernel whose change times are only as fine as its clock
+	// tick would give a change in the same tick the same stamp (git's
+	// "racily clean" index entries).
 	stamp, stamped := stampOf(path)
 	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
-		if stamped {
+		if stamped && time.Since(time.Unix(stamp.ctime.Unix())) > time.Second {
 			s.slots.holds(path, stamp)
 		}
 		return path, nil
@@ -213,25 +217,28 @@ func createInDir[T any](dir string, perm os.FileMode, create func() (T, error)) 
 
 // emptyFile empties the regular file at path, creating it if it is not
 // there (the first use of a slot, or a command removed it). Whatever else
-// a command left at path (a symbolic link, a directory) is removed, never
-// followed. A file already empty is left as it is: most commands write no
-// outputs, and a look (lstat) costs a fifth of emptying it again (an open
-// that truncates, a stat, a close).
+// a command left at path (a symbolic link, a directory, a file linked to
+// another name) is removed, never followed nor emptied in place. A file
+// already empty is left as it is: most commands write no outputs, and a
+// look (lstat) costs a fifth of emptying it again (an open that
+// truncates, a stat, a close).
 func emptyFile(path string) error {
-	if leftEmpty(path) {
-		return nil
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-	if err == nil {
-		if info, serr := f.Stat(); serr == nil && info.Mode().IsRegular() {
-			return f.Close()
+	if info, err := os.Lstat(path); err == nil && info.Mode().IsRegular() && ownLink(info) {
+		if info.Size() == 0 {
+			return nil
 		}
-		_ = f.Close() // a FIFO or a device: replaced below
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+		if err == nil {
+			if info, serr := f.Stat(); serr == nil && info.Mode().IsRegular() {
+				return f.Close()
+			}
+			_ = f.Close() // replaced meanwhile by a FIFO or a device: replaced below
+		}
 	}
 	if err := os.RemoveAll(path); err != nil {
 		return err
 	}
-	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}

@@ -457,12 +457,19 @@ func readOutputs(path string) (map[string]string, error) {
 }
 
 // leftEmpty says whether the scratch file at path is still an empty
-// regular file, as the run was given it: most commands write no outputs
-// and no attributes, and a look (lstat) costs a fraction of opening and
-// reading the file.
+// regular file of its own (no other name links to it), as the run was
+// given it: most commands write no outputs and no attributes, and a look
+// (lstat) costs a fraction of opening and reading the file.
 func leftEmpty(path string) bool {
 	info, err := os.Lstat(path)
-	return err == nil && info.Mode().IsRegular() && info.Size() == 0
+	return err == nil && info.Mode().IsRegular() && info.Size() == 0 && ownLink(info)
+}
+
+// ownLink says whether info is of a file with one name: a run must not be
+// handed, nor truncate, a file a command linked to another name.
+func ownLink(info os.FileInfo) bool {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	return ok && st.Nlink == 1
 }
 
 // ParseOutputs parses what a command wrote to $ANNEAL_OUTPUTS: a JSON object

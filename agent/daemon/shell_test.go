@@ -160,8 +160,9 @@ func TestShellReusesScratchFiles(t *testing.T) {
 
 // TestShellScratchLeftoversAndLinks: a run that leaves a process behind
 // gives up its slot, so the process's late writes never reach a later run's
-// outputs; a symbolic link planted at a slot's path is replaced, not
-// followed; attributes with secrets go to a file of the run alone.
+// outputs; a symbolic link or a hard link planted at a slot's path is
+// replaced, not followed or emptied; attributes with secrets go to a file
+// of the run alone.
 func TestShellScratchLeftoversAndLinks(t *testing.T) {
 	e := newExecutor(t)
 	e.ReuseScratch = true
@@ -179,6 +180,14 @@ func TestShellScratchLeftoversAndLinks(t *testing.T) {
 	kept, err := os.ReadFile(victim)
 	require.NoError(t, err)
 	assert.Equal(t, "keep me\n", string(kept))
+	// Nor is a file linked to another name emptied, or handed on.
+	require.NoError(t, os.Remove(third.Outputs["out"]))
+	require.NoError(t, os.Link(victim, third.Outputs["out"]))
+	fourth := scratchRun(t, e, 5, nil, "true")
+	assert.Equal(t, third.Outputs["out"], fourth.Outputs["out"])
+	kept, err = os.ReadFile(victim)
+	require.NoError(t, err)
+	assert.Equal(t, "keep me\n", string(kept), "the linked file was not emptied")
 
 	it := item(`grep -q s3cret "$ANNEAL_ATTRS" && echo "attrs=$ANNEAL_ATTRS" >> "$ANNEAL_OUTPUTS"`)
 	it.RunID, it.Attrs, it.Redact = 4, json.RawMessage(`{"pw":"s3cret"}`), []string{"s3cret"}

@@ -726,9 +726,10 @@ timeout_sec = ?, version = nextval('software_deployment_version_seq'), updated_a
 // round of its deletion. It reports false, changing nothing, when the
 // deployment is gone, in another round, or no longer being deleted.
 func (s *Store) RemoveDeletedSoftware(ctx context.Context, id int64, round int) (bool, error) {
-	var n []notifiedRow
+	// The node's agent is woken by the table's trigger (migration 0029).
+	var n []int64
 	err := s.DB.WithContext(ctx).Raw(`DELETE FROM software_deployments WHERE id = ? AND round = ? AND deleting
-RETURNING id, pg_notify(?, node_id::text) IS NULL AS notified`, id, round, models.WorkChannel).Scan(&n).Error
+RETURNING id`, id, round).Scan(&n).Error
 	if err != nil {
 		return false, fmt.Errorf("remove deleted software deployment %d: %w", id, err)
 	}
@@ -994,11 +995,11 @@ func (s *Store) PrepareSoftwareRound(ctx context.Context, id int64, round int) (
 			}
 			return nil
 		}
-		var n []notifiedRow
-		err = tx.Raw(`UPDATE software_deployments SET status = ?, status_reason = '', resolved_inputs = ?,
+		// The node's agent is woken by the table's trigger (migration 0029).
+		err = tx.Exec(`UPDATE software_deployments SET status = ?, status_reason = '', resolved_inputs = ?,
 version = nextval('software_deployment_version_seq'), updated_at = now()
-WHERE id = ? AND round = ? RETURNING id, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
-			contract.SoftwareInProgress, swJSON(resolved), id, round, models.WorkChannel, models.WakeSoftware).Scan(&n).Error
+WHERE id = ? AND round = ?`,
+			contract.SoftwareInProgress, swJSON(resolved), id, round).Error
 		if err != nil {
 			return fmt.Errorf("start round %d of software deployment %d: %w", round, id, err)
 		}
@@ -1016,7 +1017,8 @@ WHERE id = ? AND round = ? RETURNING id, pg_notify(?, ?::text || ':' || node_id:
 // become the deployment's output values. It reports false when the round
 // had already ended or is not the current one (idempotent).
 func (s *Store) FinishSoftwareRound(ctx context.Context, id int64, round int, status, reason string) (bool, error) {
-	var n []notifiedRow
+	// The node's agent is woken by the table's trigger (migration 0029).
+	var n []int64
 	err := s.DB.WithContext(ctx).Raw(`UPDATE software_deployments SET status = ?, status_reason = ?,
 output_values = CASE WHEN signaled_round = round THEN
     COALESCE(signal->'outputs', '{}'::jsonb) || jsonb_build_object(
@@ -1026,17 +1028,12 @@ output_values = CASE WHEN signaled_round = round THEN
   ELSE output_values END,
 version = nextval('software_deployment_version_seq'), updated_at = now()
 WHERE id = ? AND round = ? AND status IN ?
-RETURNING id, pg_notify(?, ?::text || ':' || node_id::text) IS NULL AS notified`,
-		status, models.StripNUL(reason), id, round, []string{contract.SoftwareWaiting, contract.SoftwareInProgress}, models.WorkChannel, models.WakeSoftware).Scan(&n).Error
+RETURNING id`,
+		status, models.StripNUL(reason), id, round, []string{contract.SoftwareWaiting, contract.SoftwareInProgress}).Scan(&n).Error
 	if err != nil {
 		return false, fmt.Errorf("finish round %d of software deployment %d: %w", round, id, err)
 	}
 	return len(n) > 0, nil
-}
-
-type notifiedRow struct {
-	ID       int64
-	Notified bool
 }
 
 // RecordedSignal says what RecordSoftwareSignal did.
