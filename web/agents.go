@@ -95,11 +95,6 @@ const (
 	maxPollWait     = 60 * time.Second
 )
 
-// A long poll looks at the database again only when woken (a NOTIFY for
-// its node, or a lost listener, which wakes every waiter) or when a time
-// it knows comes (a lease's end): every dispatch notifies, and so does
-// every change of a node's software deployments (migration 0029).
-
 // pollWait reads ?wait= of a long poll (default 25s, at most 60s).
 func pollWait(c echo.Context) (time.Duration, error) {
 	wait := defaultPollWait
@@ -125,6 +120,9 @@ func (s *Server) longPoll(ctx context.Context, kind string, nodeID int64, wait t
 
 // longPollUntil is longPoll whose ready also says when to look again even
 // without a notification (zero: no such time), e.g. when a lease runs out.
+// Nothing else makes it look again: every dispatch notifies, and so does
+// every change of a node's software deployments (migration 0029), and a
+// lost listener wakes every waiter.
 func (s *Server) longPollUntil(ctx context.Context, kind string, nodeID int64, wait time.Duration, ready func(context.Context) (bool, time.Time, error)) (bool, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
