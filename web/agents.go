@@ -57,7 +57,7 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 		return err
 	}
 	nodeID := principal(c).NodeID
-	name, revived, err := s.cfg.Store.TouchNode(c.Request().Context(), nodeID, req.BootID, req.Address)
+	name, revived, err := s.heartbeats.record(c.Request().Context(), models.NodeTouch{NodeID: nodeID, BootID: req.BootID, Address: req.Address})
 	if err != nil {
 		return err
 	}

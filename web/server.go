@@ -85,6 +85,8 @@ type Server struct {
 	// stream has clients (events.go).
 	eventLease *eventLease
 	auth       authCache
+	// heartbeats records the agents' node heartbeats in batches.
+	heartbeats *heartbeatBatch
 	// beats spaces the heartbeats of chains (chainbeats.go).
 	beats *chainBeats
 	log   *slog.Logger
@@ -101,6 +103,7 @@ func New(cfg Config) *Server {
 		fuel: fuel.New(cfg.Store), crowbar: crowbar.New(cfg.Store), heat: heat.New(cfg.Store), audrey: audrey.New(cfg.Store)}
 	s.hub.events = s.events
 	s.hub.credentials = s.auth.revoked
+	s.heartbeats = &heartbeatBatch{window: heartbeatWindow, touch: cfg.Store.TouchNodes}
 	e.HTTPErrorHandler = s.handleError
 	e.Pre(s.methodNotAllowed)
 	e.Use(middleware.Recover())
