@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -24,11 +23,7 @@ func TestEventsAnnouncedOnlyWhileListened(t *testing.T) {
 	ctx := context.Background()
 	node, _, err := store.CreateNode(ctx, models.NodeInput{Name: "ev.anneal.test"}, false)
 	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+models.EventsChannel)
-	require.NoError(t, err)
+	conn := storetest.Listen(t, url, models.EventsChannel)
 	// announced sets the node's progress and says whether its event came.
 	announced := func(progress int) bool {
 		t.Helper()

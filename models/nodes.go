@@ -3,7 +3,6 @@ package models
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -152,10 +151,7 @@ func (s *Store) EnrollNodeThen(ctx context.Context, in NodeInput, withCredential
 // calls it every few seconds, so the common case (a node already alive) is
 // one plain UPDATE and nothing is read back but the name.
 func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address string) (name string, revived bool, err error) {
-	if err := ValidBootID("boot_id", bootID); err != nil {
-		return "", false, err
-	}
-	if err := ValidAddress("address", address); err != nil {
+	if err := validHeartbeat(bootID, address); err != nil {
 		return "", false, err
 	}
 	var names []string
@@ -189,6 +185,14 @@ func (s *Store) TouchNode(ctx context.Context, nodeID int64, bootID, address str
 	return rows[0].Name, !rows[0].Alive, nil
 }
 
+// validHeartbeat checks what a heartbeat reports: the first field wrong.
+func validHeartbeat(bootID, address string) error {
+	if err := ValidBootID("boot_id", bootID); err != nil {
+		return err
+	}
+	return ValidAddress("address", address)
+}
+
 // NodeTouch is one agent heartbeat for TouchNodes.
 type NodeTouch struct {
 	NodeID          int64
@@ -217,7 +221,7 @@ func (s *Store) TouchNodes(ctx context.Context, touches []NodeTouch) ([]Touched,
 	}
 	var rows []row
 	for i, t := range touches {
-		if err := errors.Join(ValidBootID("boot_id", t.BootID), ValidAddress("address", t.Address)); err != nil {
+		if err := validHeartbeat(t.BootID, t.Address); err != nil {
 			out[i].Err = err
 			continue
 		}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -25,12 +24,8 @@ import (
 func listen(t *testing.T, store *storetest.Stores, url string) func() []map[string]any {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(ctx) })
-	_, err = conn.Exec(ctx, "LISTEN "+models.EventsChannel)
-	require.NoError(t, err)
-	_, err = store.HoldEventListener(ctx, t.Name(), time.Hour)
+	conn := storetest.Listen(t, url, models.EventsChannel)
+	_, err := store.HoldEventListener(ctx, t.Name(), time.Hour)
 	require.NoError(t, err)
 	return func() []map[string]any {
 		var out []map[string]any

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -34,11 +33,7 @@ func TestSoftwareChangesWakeTheNode(t *testing.T) {
 	require.NoError(t, err)
 	cfg, err := store.CreateSoftwareConfig(ctx, heat.SoftwareConfigInput{Name: "c", Config: "true"})
 	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+models.WorkChannel)
-	require.NoError(t, err)
+	conn := storetest.Listen(t, url, models.WorkChannel)
 	woken := func(what string) {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
@@ -221,4 +222,17 @@ func RequireConflict(t *testing.T, err error) *models.ConflictError {
 	var ce *models.ConflictError
 	require.ErrorAs(t, err, &ce)
 	return ce
+}
+
+// Listen opens a connection to the database at url that listens on a
+// NOTIFY channel, closed when the test ends.
+func Listen(t *testing.T, url, channel string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(ctx) })
+	_, err = conn.Exec(ctx, "LISTEN "+channel)
+	require.NoError(t, err)
+	return conn
 }
