@@ -55,7 +55,7 @@ func (f *attrsFiles) read(sent json.RawMessage) (json.RawMessage, error) {
 	if f.out == "" || leftEmpty(f.out) {
 		return nil, nil
 	}
-	file, err := os.Open(f.out)
+	file, err := openFile(f.out, os.O_RDONLY, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

@@ -132,7 +132,7 @@ func (l *logTail) rest(ctx context.Context, a *agent) *protocol.RunLogTail {
 // readLogFrom reads up to n bytes of the file at path from offset on; a
 // missing file is an empty log.
 func readLogFrom(path string, offset int64, n int) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openFile(path, os.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -156,7 +156,7 @@ func (l *logTail) sendAvailable(ctx context.Context) error {
 	if l.stopped {
 		return nil
 	}
-	f, err := os.Open(l.path)
+	f, err := openFile(l.path, os.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}

@@ -227,7 +227,7 @@ func emptyFile(path string) error {
 		if info.Size() == 0 {
 			return nil
 		}
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+		f, err := openFile(path, os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 		if err == nil {
 			if info, serr := f.Stat(); serr == nil && info.Mode().IsRegular() {
 				return f.Close()
@@ -238,7 +238,7 @@ func emptyFile(path string) error {
 	if err := os.RemoveAll(path); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	f, err := openFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}

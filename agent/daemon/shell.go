@@ -157,7 +157,7 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	// Log file.
 	logPath := e.LogPath(item)
 	f, err := createInDir(filepath.Dir(logPath), 0o755, func() (*os.File, error) {
-		return os.OpenFile(logPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+		return openFile(logPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	})
 	if err != nil {
 		res.Error = fmt.Sprintf("cannot open log file: %v", err)
@@ -172,10 +172,11 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 			log.Warn("writing the run's log file failed", "path", logPath, "error", err)
 		}
 	}()
-	lf.comment("anneal run %d attempt %d: task %q, graph %q, transaction %q, node %q",
-		item.RunID, item.Attempt, item.Task, item.Graph, item.TransactionID, e.NodeName)
-	lf.comment("command: %s", strings.ReplaceAll(item.Command, "\n", "\n#   "))
-	lf.comment("started %s, timeout %s", res.StartedAt.Format(time.RFC3339Nano), timeout)
+	// The header's lines in one write: nothing follows the log before
+	// the command starts.
+	lf.comment("anneal run %d attempt %d: task %q, graph %q, transaction %q, node %q\n# command: %s\n# started %s, timeout %s",
+		item.RunID, item.Attempt, item.Task, item.Graph, item.TransactionID, e.NodeName,
+		strings.ReplaceAll(item.Command, "\n", "\n#   "), res.StartedAt.Format(time.RFC3339Nano), timeout)
 
 	// Outputs file, the run's first in the scratch directory: the
 	// directory is made here when missing, and is there for the others.
@@ -210,19 +211,32 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	// SIGKILL leaves no command running on that the next agent would then
 	// run again: its record says the run was interrupted instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.WaitDelay = e.killGrace()
 	stdoutTail, stderrTail := newTail(protocol.MaxTailBytes), newTail(protocol.MaxTailBytes)
 	stdoutLog, stderrLog := &streamWriter{lf: lf, prefix: "out| "}, &streamWriter{lf: lf, prefix: "err| "}
-	cmd.Stdout = io.MultiWriter(stdoutTail, stdoutLog)
-	cmd.Stderr = io.MultiWriter(stderrTail, stderrLog)
+	stdout, err := newOutputPipe()
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	stderr, err := newOutputPipe()
+	if err != nil {
+		stdout.close()
+		res.Error = err.Error()
+		return res
+	}
+	cmd.Stdout, cmd.Stderr = stdout.w, stderr.w
 
 	runCtx, cancelRun := context.WithTimeoutCause(ctx, timeout, errTimedOut)
 	defer cancelRun()
 	if err := cmd.Start(); err != nil {
+		stdout.close()
+		stderr.close()
 		res.Error = fmt.Sprintf("cannot start command: %v", err)
 		lf.comment("%s", res.Error)
 		return res
 	}
+	stdout.start(io.MultiWriter(stdoutTail, stdoutLog))
+	stderr.start(io.MultiWriter(stderrTail, stderrLog))
 	pgid := cmd.Process.Pid
 
 	exited := make(chan struct{})
@@ -246,6 +260,7 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	}()
 	waitErr := cmd.Wait()
 	close(exited)
+	outputHeld := waitOutputs(e.killGrace(), stdout, stderr)
 	stdoutLog.close()
 	stderrLog.close()
 
@@ -274,7 +289,7 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 			problems = append(problems, fmt.Sprintf("killed by signal %s", ws.Signal()))
 		}
 	}
-	if errors.Is(waitErr, exec.ErrWaitDelay) {
+	if outputHeld {
 		log.Warn("the command exited but processes it started kept its output open; stopped reading it", "grace", e.killGrace())
 	} else if waitErr != nil && cmd.ProcessState == nil {
 		problems = append(problems, fmt.Sprintf("waiting for command: %v", waitErr))
@@ -438,7 +453,7 @@ func readOutputs(path string) (map[string]string, error) {
 	if leftEmpty(path) {
 		return nil, nil
 	}
-	f, err := os.Open(path)
+	f, err := openFile(path, os.O_RDONLY, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil // the command removed it: no outputs

@@ -407,3 +407,27 @@ func TestShellRemakesMissingDirectories(t *testing.T) {
 		assert.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "the scratch directory is the agent's alone")
 	}
 }
+
+// openDescriptors counts this process's open file descriptors.
+func openDescriptors(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(entries)
+}
+
+// The output pipes are the agent's own (outputPipe): every end is closed
+// after a run, whether its command wrote, held its output open in the
+// background, or could not start.
+func TestShellLeavesNoDescriptorsOpen(t *testing.T) {
+	e := newExecutor(t)
+	e.Execute(context.Background(), item("true")) // the first run opens what later runs reuse
+	before := openDescriptors(t)
+	for _, cmd := range []string{"true", "echo out; echo err >&2; exit 2", "sleep 5 & echo done"} {
+		res := e.Execute(context.Background(), item(cmd))
+		assert.Empty(t, res.Error, cmd)
+	}
+	e.Shell = "/nonexistent/sh"
+	res := e.Execute(context.Background(), item("true"))
+	assert.Contains(t, res.Error, "cannot start command")
+	assert.Equal(t, before, openDescriptors(t))
+}
