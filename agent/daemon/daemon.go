@@ -591,29 +591,33 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	}
 	log.Info("run started", "type", item.Type, "timeout_sec", item.TimeoutSec)
 	runCtx, cancelRun := context.WithCancelCause(ctx)
-	hbDone := make(chan struct{})
-	go func() {
-		defer close(hbDone)
-		a.runHeartbeatLoop(runCtx, cancelRun, item.RunID, item.Attempt, log)
-	}()
+	beat := a.runHeartbeat(runCtx, cancelRun, item.RunID, item.Attempt, log)
+	heartbeats := afterPeriod(a.cfg.RunHeartbeatEvery, func() {
+		if runCtx.Err() == nil && beat() {
+			every(runCtx, a.cfg.RunHeartbeatEvery, beat)
+		}
+	})
 	// The log goes to the API while the run goes on; the rest is sent
 	// before the result, or with it (finishWithLog), so a reader following
 	// it sees all of it.
-	execDone, shipDone := make(chan struct{}), make(chan struct{})
+	execDone := make(chan struct{})
 	tail := a.logShipper(log, item)
+	var shipping *laterLoop
 	if tail != nil {
-		go func() {
-			defer close(shipDone)
+		shipping = afterPeriod(a.cfg.LogShipEvery, func() {
+			if err := tail.sendAvailable(ctx); err != nil && ctx.Err() == nil {
+				tail.log.Debug("shipping the run's log failed; trying again", "error", err)
+			}
 			tail.follow(ctx, a, a.cfg.LogShipEvery, execDone)
-		}()
-	} else {
-		close(shipDone)
+		})
 	}
 	res := a.exec.Execute(runCtx, item)
 	cancelRun(errors.New("run finished"))
 	close(execDone)
-	<-hbDone
-	<-shipDone
+	heartbeats.wait()
+	if shipping != nil && !shipping.wait() && !tail.withResult {
+		tail.drain(ctx, a) // what follow does when the run ends
+	}
 	res.Attempt = item.Attempt
 
 	attrs := []any{"exit_code", res.ExitCode, "duration", res.FinishedAt.Sub(res.StartedAt).Round(time.Millisecond)}
@@ -785,8 +789,11 @@ func failedResult(item protocol.WorkItem, reason string) protocol.RunResult {
 	return protocol.RunResult{Attempt: item.Attempt, ExitCode: -1, Error: reason, StartedAt: now, FinishedAt: now}
 }
 
-func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, attempt int, log *slog.Logger) {
-	every(ctx, a.cfg.RunHeartbeatEvery, func() bool {
+// runHeartbeat returns what sends one heartbeat of a run: false when no
+// other is to follow (the API cancelled the run or no longer awaits it,
+// or the agent stops), and then the run is cancelled.
+func (a *agent) runHeartbeat(ctx context.Context, cancelRun context.CancelCauseFunc, runID int64, attempt int, log *slog.Logger) func() bool {
+	return func() bool {
 		cancel, err := a.rep.RunHeartbeat(ctx, runID, attempt)
 		switch st := statusOf(err); {
 		case err == nil && cancel:
@@ -809,7 +816,36 @@ func (a *agent) runHeartbeatLoop(ctx context.Context, cancelRun context.CancelCa
 			log.Warn("run heartbeat failed", "error", err)
 		}
 		return true
+	}
+}
+
+// laterLoop is a loop of a run's (its heartbeats, its log shipping) that
+// starts once its first period has passed: most runs end sooner, and
+// need neither a goroutine nor a ticker for it.
+type laterLoop struct {
+	timer *time.Timer
+	done  chan struct{}
+}
+
+// afterPeriod runs loop in a goroutine of its own once period has passed.
+func afterPeriod(period time.Duration, loop func()) *laterLoop {
+	l := &laterLoop{done: make(chan struct{})}
+	l.timer = time.AfterFunc(period, func() {
+		defer close(l.done)
+		loop()
 	})
+	return l
+}
+
+// wait returns at once when the loop has not started (it never will),
+// else once it has returned: its caller makes it return first (ends its
+// context, or closes what it waits for). It says whether the loop ran.
+func (l *laterLoop) wait() bool {
+	if l.timer.Stop() {
+		return false
+	}
+	<-l.done
+	return true
 }
 
 // report sends a result, retrying network errors and 5xx until a 2xx, a
