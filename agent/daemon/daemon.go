@@ -605,9 +605,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	var shipping *laterLoop
 	if tail != nil {
 		shipping = afterPeriod(a.cfg.LogShipEvery, func() {
-			if err := tail.sendAvailable(ctx); err != nil && ctx.Err() == nil {
-				tail.log.Debug("shipping the run's log failed; trying again", "error", err)
-			}
+			tail.shipNew(ctx)
 			tail.follow(ctx, a, a.cfg.LogShipEvery, execDone)
 		})
 	}

@@ -83,10 +83,15 @@ func (l *logTail) follow(ctx context.Context, a *agent, every time.Duration, don
 			return
 		case <-t.C:
 		}
-		// While the run goes on, a failed send waits for the next tick.
-		if err := l.sendAvailable(ctx); err != nil && ctx.Err() == nil {
-			l.log.Debug("shipping the run's log failed; trying again", "error", err)
-		}
+		l.shipNew(ctx)
+	}
+}
+
+// shipNew sends what the log has gained while the run goes on; a failed send
+// waits for the next period.
+func (l *logTail) shipNew(ctx context.Context) {
+	if err := l.sendAvailable(ctx); err != nil && ctx.Err() == nil {
+		l.log.Debug("shipping the run's log failed; trying again", "error", err)
 	}
 }
 
