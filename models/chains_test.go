@@ -239,6 +239,40 @@ func TestChainCut(t *testing.T) {
 	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
 }
 
+// A chain's runs are found by their head's node and graph (migration 0031
+// dropped the index on chain_head): its states, its cut and its end when
+// lost see all of them and no other run, also once its node is deleted
+// (its runs' node_id NULL) while the chain is out.
+func TestChainRunsFoundByTheirHead(t *testing.T) {
+	for _, deleted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("node deleted %v", deleted), func(t *testing.T) {
+			f, txn, setup, db, _ := chainOfSetupAndDB(t)
+			if deleted {
+				require.NoError(t, f.Store.DB.Exec("UPDATE task_runs SET node_id = NULL WHERE node_id = ?", f.Ctl.ID).Error)
+			}
+			states, err := f.Store.ChainStates(f.Ctx, setup.ID)
+			require.NoError(t, err)
+			assert.Equal(t, map[int64]string{setup.ID: contract.RunRunning, db.ID: contract.RunPending}, states)
+			other, err := f.Store.ChainStates(f.Ctx, db.ID)
+			require.NoError(t, err)
+			assert.Empty(t, other, "a run that heads no chain")
+
+			require.NoError(t, f.Store.CutChain(f.Ctx, setup.ID))
+			states, err = f.Store.ChainStates(f.Ctx, setup.ID)
+			require.NoError(t, err)
+			assert.Equal(t, map[int64]string{setup.ID: contract.RunRunning}, states, "the run not yet dispatched is cut off")
+
+			end, err := f.Store.EndLostChain(f.Ctx, setup.ID, "lost")
+			require.NoError(t, err)
+			assert.Equal(t, map[int64]string{setup.ID: contract.RunPending}, end.States, "not acknowledged: taken back")
+			assert.Equal(t, []int64{setup.ID}, end.TakenBack)
+			runs := f.RunsByLabel(t, txn)
+			assert.Equal(t, contract.RunPending, runs["setup@"+storetest.CtlName].State)
+			assert.Nil(t, runs["setup@"+storetest.CtlName].ChainHead, "unlinked")
+		})
+	}
+}
+
 // A report is stored whole or not at all (ReportRun): one refused for its
 // log (a chunk past the server's copy) records no result and dispatches
 // nothing; the report sent then stores its log, its result and the

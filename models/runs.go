@@ -403,6 +403,19 @@ func int64Array(ids []int64) string {
 	return string(append(b, '}'))
 }
 
+// chainRunIDsSQL selects the ids of the runs linked to the chain headed by
+// ? (given twice). A chain's runs are one node's in one graph: they are
+// looked for among the runs of its head's node in its head's graph, which
+// the runs' unique index holds together (migration 0031 dropped the index
+// on chain_head, so that linking a chain's runs is a HOT update), or, once
+// the node is deleted (its runs' node_id NULL), among the graph's runs.
+const chainRunIDsSQL = `SELECT t.id FROM task_runs h JOIN task_runs t
+  ON t.transaction_id = h.transaction_id AND t.graph_index = h.graph_index AND t.node_id = h.node_id
+WHERE h.id = ? AND t.chain_head = h.id
+UNION ALL
+SELECT t.id FROM task_runs h JOIN task_runs t ON t.transaction_id = h.transaction_id AND t.graph_index = h.graph_index
+WHERE h.id = ? AND h.node_id IS NULL AND t.node_id IS NULL AND t.chain_head = h.id`
+
 // CutChain ends the chain headed by head after the run now running: its
 // runs not yet dispatched are unlinked, so the API hands out none of them
 // and completes the chain's activity when the running one is reported.
@@ -411,7 +424,8 @@ func (s *Store) CutChain(ctx context.Context, head int64) error {
 	// The rows are locked in id order (plan order), as ReportRun locks
 	// them, so that the two never deadlock.
 	if err := s.DB.WithContext(ctx).Exec(`UPDATE task_runs SET chain_head = NULL, chain_next = NULL
-WHERE id IN (SELECT id FROM task_runs WHERE chain_head = ? AND state = ? ORDER BY id FOR UPDATE)`, head, contract.RunPending).Error; err != nil {
+WHERE id IN (SELECT id FROM task_runs WHERE id IN (`+chainRunIDsSQL+`) AND chain_head = ? AND state = ? ORDER BY id FOR UPDATE)`,
+		head, head, head, contract.RunPending).Error; err != nil {
 		return fmt.Errorf("cut the chain of run %d: %w", head, err)
 	}
 	return nil
@@ -434,8 +448,8 @@ func (s *Store) EndLostChain(ctx context.Context, head int64, reason string) (*c
 			AckedAt *time.Time
 		}
 		// Locked in id order (plan order), as ReportRun locks them.
-		if err := tx.Raw("SELECT id, state, acked_at FROM task_runs WHERE chain_head = ? ORDER BY id FOR UPDATE", head).
-			Scan(&rows).Error; err != nil {
+		if err := tx.Raw("SELECT id, state, acked_at FROM task_runs WHERE id IN ("+chainRunIDsSQL+") AND chain_head = ? ORDER BY id FOR UPDATE",
+			head, head, head).Scan(&rows).Error; err != nil {
 			return fmt.Errorf("lock the chain of run %d: %w", head, err)
 		}
 		for _, r := range rows {
@@ -496,7 +510,7 @@ WHERE id = ? AND attempt = ? AND state = ? AND claimed_at = ? AND (acked_at IS N
 // the outcome of its activity.
 func (s *Store) ChainStates(ctx context.Context, head int64) (map[int64]string, error) {
 	var rows []TaskRun
-	if err := s.DB.WithContext(ctx).Select("id", "state").Where("chain_head = ?", head).Find(&rows).Error; err != nil {
+	if err := s.DB.WithContext(ctx).Raw("SELECT id, state FROM task_runs WHERE id IN ("+chainRunIDsSQL+")", head, head).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("load the states of the chain of run %d: %w", head, err)
 	}
 	out := make(map[int64]string, len(rows))
