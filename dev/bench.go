@@ -248,9 +248,11 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 						return err
 					}
 				}
+				walFrom := walPosition(ctx, dbURL)
 				meter.start()
 				wall, runs, txID, err := runAnneal(ctx, api, tc)
 				r.annealCPU = meter.stop()
+				r.wal = walPerRun(walFrom, walPosition(ctx, dbURL), runs)
 				if prof != nil {
 					r.profile = prof.stop(ctx)
 				}
@@ -269,7 +271,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 				}
 				r.hist = readHistories(ctx, tc, txID)
 				r.hist.nodeQueue = activityQueue(ctx, tc, contract.NodeWorkflowID(txID, names[len(names)-1]))
-				fmt.Printf("round %d: anneal: %s\n", round, r.annealCPU.split(r.runs))
+				fmt.Printf("round %d: anneal: %s; Postgres WAL %s\n", round, r.annealCPU.split(r.runs), r.wal)
 			} else {
 				fmt.Printf("round %d: bare Temporal, %d child workflows x %d no-op activities...\n", round, *nodes, *tasks)
 				meter.start()
@@ -302,6 +304,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
   node workflows    %8.1f events each on average (%d node workflows: their Temporal actions, wake-ups included)
   activity queue    scheduled to started: anneal %s; bare %s (next to nothing when eager, %s)
   worker RSS        %8.1f MiB peak%s
+  Postgres WAL      %s
   anneal's own CPU per task run: %.2f ms (machine minus Temporal server, / runs); %.2f ms measured in anneal's processes
                                  (%.2f ms counting the whole Postgres cluster: the right figure when it is private, ANNEAL_DEV_PG=private)
   CPU seconds, anneal: %s
@@ -312,7 +315,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		maxHist, maxChild, m.hist.maxChildID,
 		float64(m.hist.nodeEvents)/float64(max(m.hist.nodes, 1)), m.hist.nodes,
 		m.hist.nodeQueue, m.bareQueue, eagerState(*eager),
-		float64(rss)/(1<<20), errSuffix(rssErr),
+		float64(rss)/(1<<20), errSuffix(rssErr), m.wal,
 		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
 		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
 		m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
@@ -379,6 +382,7 @@ type roundResult struct {
 	bareQueue           activityWait // the activities of the first bare child
 	statements, profile string
 	warning             string // the anneal side did not end ready
+	wal                 string // what Postgres's log took in per run (walPerRun)
 }
 
 func (r roundResult) ratio() float64 { return r.anneal.Seconds() / r.bare.Seconds() }

@@ -1,14 +1,18 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/anneal-dev/anneal/dev/testenv"
 )
 
 // TestSetAsideKeepsRecentBenches: the previous bench's directory is moved
@@ -35,4 +39,22 @@ func TestSetAsideKeepsRecentBenches(t *testing.T) {
 	assert.Len(t, olds, 2, "the previous bench and the one set aside an hour ago are kept")
 	assert.Contains(t, olds, hourOld)
 	assert.NoDirExists(t, daysOld, "a bench set aside two days ago is deleted")
+}
+
+// The bench's WAL figure follows what Postgres writes: the insert position
+// moves on with a write, and the figure per run is the difference.
+func TestWALPerRun(t *testing.T) {
+	url := testenv.Database(t)
+	ctx := context.Background()
+	from := walPosition(ctx, url)
+	require.NotZero(t, from)
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "create table wal_probe (x text); insert into wal_probe select repeat(md5(i::text), 32) from generate_series(1, 100) i")
+	require.NoError(t, err)
+	to := walPosition(ctx, url)
+	assert.Greater(t, to-from, int64(100*1000), "a hundred rows of a kilobyte")
+	assert.Equal(t, "not measured", walPerRun(0, to, 10))
+	assert.Equal(t, "1000 bytes per run (0.0 MB in all; the whole cluster)", walPerRun(1000, 11000, 10))
 }

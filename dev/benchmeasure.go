@@ -604,3 +604,29 @@ func (s *pgStatements) report(ctx context.Context, path string, n int) (string, 
 	}
 	return short.String(), os.WriteFile(path, []byte(full.String()), 0o644)
 }
+
+// walPosition reads where Postgres's write-ahead log inserts next. The
+// difference over the anneal phase is what the phase wrote to the log,
+// the whole cluster's (with ANNEAL_DEV_PG=private, the bench's alone):
+// unlike CPU seconds it does not move with the machine's hour, so a
+// change that writes less per run shows in any hour. 0 when unknown.
+func walPosition(ctx context.Context, dbURL string) int64 {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return 0
+	}
+	defer conn.Close(ctx)
+	var pos int64
+	if err := conn.QueryRow(ctx, "select pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&pos); err != nil {
+		return 0
+	}
+	return pos
+}
+
+// walPerRun says what the anneal phase wrote to the log per run.
+func walPerRun(from, to int64, runs int) string {
+	if from == 0 || to == 0 || runs == 0 {
+		return "not measured"
+	}
+	return fmt.Sprintf("%.0f bytes per run (%.1f MB in all; the whole cluster)", float64(to-from)/float64(runs), float64(to-from)/1e6)
+}
