@@ -608,8 +608,9 @@ func (s *pgStatements) report(ctx context.Context, path string, n int) (string, 
 // walPosition reads where Postgres's write-ahead log inserts next. The
 // difference over the anneal phase is what the phase wrote to the log,
 // the whole cluster's (with ANNEAL_DEV_PG=private, the bench's alone):
-// unlike CPU seconds it does not move with the machine's hour, so a
-// change that writes less per run shows in any hour. 0 when unknown.
+// unlike CPU seconds it does not move with the machine's speed, so a
+// change that writes less per run shows in any hour (a checkpoint inside
+// the phase adds full-page images to it). 0 when unknown.
 func walPosition(ctx context.Context, dbURL string) int64 {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -37,7 +38,17 @@ func newOutputPipe() (*outputPipe, error) {
 		unix.Close(fds[1])
 		return nil, fmt.Errorf("make a pipe for the command's output: %w", err)
 	}
-	return &outputPipe{r: os.NewFile(uintptr(fds[0]), "|0"), w: os.NewFile(uintptr(fds[1]), "|1"), done: make(chan struct{})}, nil
+	r := os.NewFile(uintptr(fds[0]), "|0")
+	if errors.Is(r.SetReadDeadline(time.Time{}), os.ErrNoDeadline) {
+		// The poller did not take it (its limit of watched descriptors
+		// reached, say). Read blocking, the copy could not be stopped
+		// when background processes hold the pipe (waitOutputs); the run
+		// fails instead, saying why.
+		r.Close()
+		unix.Close(fds[1])
+		return nil, errors.New("make a pipe for the command's output: the Go runtime's poller did not take it (too many descriptors watched?)")
+	}
+	return &outputPipe{r: r, w: os.NewFile(uintptr(fds[1]), "|1"), done: make(chan struct{})}, nil
 }
 
 // copyBuffers are the output copies' buffers: most commands write little,

@@ -291,7 +291,8 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	}
 	if outputHeld {
 		log.Warn("the command exited but processes it started kept its output open; stopped reading it", "grace", e.killGrace())
-	} else if waitErr != nil && cmd.ProcessState == nil {
+	}
+	if waitErr != nil && cmd.ProcessState == nil {
 		problems = append(problems, fmt.Sprintf("waiting for command: %v", waitErr))
 	}
 

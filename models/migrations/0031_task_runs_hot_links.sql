@@ -10,5 +10,15 @@
 -- as a HOT update (about 90 bytes of WAL per run), and the dispatch and
 -- result updates after it can often stay there too. The fill factor
 -- applies to the pages written from now on.
+--
+-- DROP INDEX locks task_runs whole until the migrations commit: it waits
+-- at most 5 s for the lock (then the server's start fails, to be tried
+-- again) rather than queue every query of the table behind it. During a
+-- rolling restart, a server still running older code looks a chain's runs
+-- up by chain_head without the index, a scan of task_runs per chain that
+-- ends, correct but slow on a large table: restart every worker and API
+-- process promptly after the first.
+SET LOCAL lock_timeout = '5s';
 DROP INDEX task_runs_chain_idx;
 ALTER TABLE task_runs SET (fillfactor = 80);
+SET LOCAL lock_timeout TO DEFAULT;
