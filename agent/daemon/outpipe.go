@@ -41,7 +41,7 @@ func newOutputPipe() (*outputPipe, error) {
 	r := os.NewFile(uintptr(fds[0]), "|0")
 	if errors.Is(r.SetReadDeadline(time.Time{}), os.ErrNoDeadline) {
 		// The poller did not take it (its limit of watched descriptors
-		// reached, say). Read blocking, the copy could not be stopped
+		// reached, say). Read blocking, its copy could not be stopped
 		// when background processes hold the pipe (waitOutputs); the run
 		// fails instead, saying why.
 		r.Close()
@@ -56,9 +56,9 @@ func newOutputPipe() (*outputPipe, error) {
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // start copies what the command writes to dst until every writer has
-// closed the pipe or stop closes its read end. Call it once the command
-// has started, which is when the agent closes its own copy of the write
-// end (the command and whatever it starts keep theirs).
+// closed the pipe or waitOutputs closes its read end. Call it once the
+// command has started, which is when the agent closes its own copy of
+// the write end (the command and whatever it starts keep theirs).
 func (p *outputPipe) start(dst io.Writer) {
 	p.w.Close()
 	go func() {
