@@ -2,11 +2,13 @@ package fuel_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/models"
 )
@@ -82,8 +84,15 @@ func TestStartNodePlanStartsOnlyPendingWork(t *testing.T) {
 	read, err := store.NodePlan(ctx, txn.ID, 0, node.ID)
 	require.NoError(t, err)
 	assert.Equal(t, 55, progress(), "NodePlan writes nothing")
+	var statements atomic.Int64
+	count := func(*gorm.DB) { statements.Add(1) }
+	require.NoError(t, store.DB.Callback().Query().After("gorm:query").Register("test:count_query", count))
+	require.NoError(t, store.DB.Callback().Raw().After("gorm:raw").Register("test:count_raw", count))
 	started, err := store.StartNodePlan(ctx, txn.ID, 0, node.ID)
 	require.NoError(t, err)
+	require.NoError(t, store.DB.Callback().Query().Remove("test:count_query"))
+	require.NoError(t, store.DB.Callback().Raw().Remove("test:count_raw"))
+	assert.EqualValues(t, 1, statements.Load(), "runs, edges and the node's start in one round trip")
 	assert.Equal(t, read, started, "the same plan")
 	require.Len(t, started.Runs, 3)
 	assert.Equal(t, []string{"t01", "t02", "t03"}, []string{started.Runs[0].Task, started.Runs[1].Task, started.Runs[2].Task}, "in plan order")

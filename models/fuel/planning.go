@@ -438,57 +438,69 @@ func (s *Store) StartNodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID 
 	return s.nodePlan(ctx, id, gi, nodeID, true)
 }
 
-// nodeRunsSQL reads a node's runs of a graph in plan order; startNodeRunsSQL
-// also sets the node's progress to 0 when one of them is pending.
-const (
-	nodeRunsSQL = `SELECT id, task_name, task_type, state, spec FROM task_runs
-WHERE transaction_id = @tx AND graph_index = @gi AND node_id = @node ORDER BY position`
-	startNodeRunsSQL = `WITH runs AS (
+// nodePlanSQL reads in one round trip a node's runs of a graph in plan
+// order (kind 'r') and the edges into and out of them (kind 'e'). The
+// edges are two simple selects (edges into the node, edges out of it),
+// which use the indexes where one with OR across both joins would not.
+// %s is startNodeSQL or nothing.
+var nodePlanSQL = `WITH runs AS (
   SELECT id, task_name, task_type, state, spec, position FROM task_runs
   WHERE transaction_id = @tx AND graph_index = @gi AND node_id = @node
-), start AS (
+)%s
+SELECT 'r' AS kind, id, task_name, task_type, state, spec, position,
+  NULL::bigint AS parent_id, NULL::bigint AS child_id, NULL::bigint AS parent_node, NULL::bigint AS child_node,
+  NULL::text AS parent_state, NULL::text AS child_node_name
+FROM runs
+UNION ALL` + nodeEdgesSQL("c") + `
+UNION ALL` + nodeEdgesSQL("p") + `
+ORDER BY kind DESC, position`
+
+// nodeEdgesSQL selects, in nodePlanSQL's columns, the edges one of whose
+// ends (end: c, the child, or p, the parent) is a run of the node's.
+func nodeEdgesSQL(end string) string {
+	return fmt.Sprintf(`
+SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
+FROM run_edges e JOIN task_runs p ON p.id = e.parent_id JOIN task_runs c ON c.id = e.child_id
+WHERE %[1]s.transaction_id = @tx AND %[1]s.graph_index = @gi AND %[1]s.node_id = @node`, end)
+}
+
+// startNodeSQL sets the node's progress to 0, in nodePlanSQL's statement,
+// when one of its runs is pending (StartNodePlan).
+const startNodeSQL = `, start AS (
   UPDATE nodes SET progress = 0, updated_at = now()
   WHERE id = @node AND EXISTS (SELECT 1 FROM runs WHERE state = '` + contract.RunPending + `')
-)
-SELECT id, task_name, task_type, state, spec FROM runs ORDER BY position`
-)
+)`
 
 func (s *Store) nodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64, start bool) (*contract.NodePlan, error) {
-	db := s.DB.WithContext(ctx)
-	q := nodeRunsSQL
+	startCTE := ""
 	if start {
-		q = startNodeRunsSQL
+		startCTE = startNodeSQL
 	}
-	var runs []models.TaskRun
-	err := db.Raw(q, sql.Named("tx", id), sql.Named("gi", gi), sql.Named("node", nodeID)).Find(&runs).Error
+	var rows []struct {
+		Kind string
+		models.TaskRun
+		EdgeRow `gorm:"embedded"`
+	}
+	err := s.DB.WithContext(ctx).Raw(fmt.Sprintf(nodePlanSQL, startCTE), sql.Named("tx", id), sql.Named("gi", gi), sql.Named("node", nodeID)).
+		Find(&rows).Error
 	if err != nil {
-		return nil, fmt.Errorf("load runs of node %d in %s: %w", nodeID, id, err)
+		return nil, fmt.Errorf("load runs and edges of node %d in %s: %w", nodeID, id, err)
 	}
 	out := &contract.NodePlan{RemoteStates: map[int64]string{}}
 	index := map[int64]int{}
-	for i, r := range runs {
-		index[r.ID] = i
+	for _, row := range rows {
+		if row.Kind != "r" {
+			break // the runs come first
+		}
+		r := row.TaskRun
+		index[r.ID] = len(out.Runs)
 		out.Runs = append(out.Runs, contract.NodeRun{
 			ID: r.ID, Task: r.TaskName, State: r.State, TimeoutSec: r.Spec.TimeoutSec, Retries: r.Spec.Retries,
 			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator, OverSSH: r.Spec.Jig == JigSSH, Reboot: r.TaskType == TaskReboot,
 		})
 	}
-	const edgeSQL = `
-SELECT e.parent_id, e.child_id, p.node_id AS parent_node, c.node_id AS child_node,
-       p.state AS parent_state, c.node_name AS child_node_name
-FROM run_edges e
-JOIN task_runs p ON p.id = e.parent_id
-JOIN task_runs c ON c.id = e.child_id
-WHERE %[1]s.transaction_id = ? AND %[1]s.graph_index = ? AND %[1]s.node_id = ?`
-	// Two simple selects (edges into the node, edges out of it) use the
-	// indexes, where one with OR across both joins would not; sent as one
-	// statement, a round trip per node of a transaction.
-	var edges []edgeRow
-	err = db.Raw(fmt.Sprintf(edgeSQL, "c")+"\nUNION ALL"+fmt.Sprintf(edgeSQL, "p"), id, gi, nodeID, id, gi, nodeID).Find(&edges).Error
-	if err != nil {
-		return nil, fmt.Errorf("load edges of node %d in %s: %w", nodeID, id, err)
-	}
-	for _, e := range edges {
+	for _, row := range rows[len(out.Runs):] {
+		e := row.EdgeRow
 		switch {
 		case e.ParentNode == nodeID && e.ChildNode == nodeID:
 			// Seen from both sides; keep it once.
@@ -508,8 +520,9 @@ WHERE %[1]s.transaction_id = ? AND %[1]s.graph_index = ? AND %[1]s.node_id = ?`
 	return out, nil
 }
 
-// edgeRow is an edge with both ends' nodes, as contract.NodePlan reads it.
-type edgeRow struct {
+// EdgeRow is an edge with both ends' nodes, as contract.NodePlan reads it
+// (exported for GORM, which fills no embedded struct of an unexported type).
+type EdgeRow struct {
 	ParentID, ChildID          int64
 	ParentNode, ChildNode      int64
 	ParentState, ChildNodeName string
