@@ -403,18 +403,25 @@ func int64Array(ids []int64) string {
 	return string(append(b, '}'))
 }
 
-// chainRunIDsSQL selects the ids of the runs linked to the chain headed by
-// ? (given twice). A chain's runs are one node's in one graph: they are
-// looked for among the runs of its head's node in its head's graph, which
-// the runs' unique index holds together (migration 0031 dropped the index
-// on chain_head, so that linking a chain's runs is a HOT update), or, once
-// the node is deleted (its runs' node_id NULL), among the graph's runs.
-const chainRunIDsSQL = `SELECT t.id FROM task_runs h JOIN task_runs t
+// chainRunsSQL selects columns (of t) of the runs linked to the chain
+// headed by ? (given twice). A chain's runs are one node's in one graph:
+// they are looked for among the runs of its head's node in its head's
+// graph, which the runs' unique index holds together (migration 0031
+// dropped the index on chain_head, so that linking a chain's runs is a
+// HOT update), or, once the node is deleted (its runs' node_id NULL),
+// among the graph's runs.
+func chainRunsSQL(columns string) string {
+	return `SELECT ` + columns + ` FROM task_runs h JOIN task_runs t
   ON t.transaction_id = h.transaction_id AND t.graph_index = h.graph_index AND t.node_id = h.node_id
 WHERE h.id = ? AND t.chain_head = h.id
 UNION ALL
-SELECT t.id FROM task_runs h JOIN task_runs t ON t.transaction_id = h.transaction_id AND t.graph_index = h.graph_index
+SELECT ` + columns + ` FROM task_runs h JOIN task_runs t ON t.transaction_id = h.transaction_id AND t.graph_index = h.graph_index
 WHERE h.id = ? AND h.node_id IS NULL AND t.node_id IS NULL AND t.chain_head = h.id`
+}
+
+// chainRunIDsSQL is chainRunsSQL of the runs' ids, for the statements
+// that lock them in id order.
+var chainRunIDsSQL = chainRunsSQL("t.id")
 
 // CutChain ends the chain headed by head after the run now running: its
 // runs not yet dispatched are unlinked, so the API hands out none of them
@@ -510,7 +517,7 @@ WHERE id = ? AND attempt = ? AND state = ? AND claimed_at = ? AND (acked_at IS N
 // the outcome of its activity.
 func (s *Store) ChainStates(ctx context.Context, head int64) (map[int64]string, error) {
 	var rows []TaskRun
-	if err := s.DB.WithContext(ctx).Raw("SELECT id, state FROM task_runs WHERE id IN ("+chainRunIDsSQL+")", head, head).Find(&rows).Error; err != nil {
+	if err := s.DB.WithContext(ctx).Raw(chainRunsSQL("t.id, t.state"), head, head).Find(&rows).Error; err != nil {
 		return nil, fmt.Errorf("load the states of the chain of run %d: %w", head, err)
 	}
 	out := make(map[int64]string, len(rows))

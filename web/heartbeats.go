@@ -15,10 +15,10 @@ import (
 // agent's heartbeat is answered this much later; it has seconds.
 const heartbeatWindow = 200 * time.Millisecond
 
-// heartbeatBatch gathers concurrent heartbeats: the first one in waits
-// heartbeatWindow, then records all that came meanwhile and hands each
-// its answer. No goroutine of its own: a server used through Handler
-// (tests) batches too.
+// heartbeatBatch gathers concurrent heartbeats: the first one in starts a
+// flush that waits heartbeatWindow, then records all that came meanwhile
+// and hands each its answer. Nothing runs between batches, so a server
+// used through Handler (tests) batches too, with nothing to start or stop.
 type heartbeatBatch struct {
 	window time.Duration
 	touch  func(context.Context, []models.NodeTouch) ([]models.Touched, error)

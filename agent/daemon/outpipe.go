@@ -51,6 +51,18 @@ func newOutputPipe() (*outputPipe, error) {
 	return &outputPipe{r: r, w: os.NewFile(uintptr(fds[1]), "|1"), done: make(chan struct{})}, nil
 }
 
+// newOutputPipes makes the command's stdout and stderr pipes, or neither.
+func newOutputPipes() (stdout, stderr *outputPipe, err error) {
+	if stdout, err = newOutputPipe(); err != nil {
+		return nil, nil, err
+	}
+	if stderr, err = newOutputPipe(); err != nil {
+		stdout.close()
+		return nil, nil, err
+	}
+	return stdout, stderr, nil
+}
+
 // copyBuffers are the output copies' buffers: most commands write little,
 // and a run's two copies need not allocate 64 KiB for it.
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}

@@ -213,14 +213,8 @@ func (e *ShellExecutor) Execute(ctx context.Context, item protocol.WorkItem) (re
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdoutTail, stderrTail := newTail(protocol.MaxTailBytes), newTail(protocol.MaxTailBytes)
 	stdoutLog, stderrLog := &streamWriter{lf: lf, prefix: "out| "}, &streamWriter{lf: lf, prefix: "err| "}
-	stdout, err := newOutputPipe()
+	stdout, stderr, err := newOutputPipes()
 	if err != nil {
-		res.Error = err.Error()
-		return res
-	}
-	stderr, err := newOutputPipe()
-	if err != nil {
-		stdout.close()
 		res.Error = err.Error()
 		return res
 	}
