@@ -21,6 +21,10 @@ const (
 	PathWork         = "/api/v1/agent/work"
 	PathRunHeartbeat = "/api/v1/agent/runs/%d/heartbeat"
 	PathRunResult    = "/api/v1/agent/runs/%d/result"
+	// PathRunResults takes several results in one request (RunResults):
+	// those of a chain's runs handed ahead (RunResultResponse.AheadMs),
+	// reported together.
+	PathRunResults = "/api/v1/agent/runs/results"
 	// PathRunAck acknowledges a run handed out by PathWork (RunAck).
 	PathRunAck = "/api/v1/agent/runs/%d/ack"
 	// PathRunLog takes a chunk of a run's full log: POST with
@@ -219,7 +223,45 @@ type RunResultResponse struct {
 	State     string     `json:"state"`
 	NextRunID int64      `json:"next_run_id,omitempty"`
 	Runs      []WorkItem `json:"runs,omitempty"`
+	// AheadMs, set only in the answer to a RunResults, says that Runs
+	// are the chain's next runs in order, all taken for this agent and
+	// handed ahead: the agent starts the first at once, as any handed-back
+	// run, and each later one only if the one before it succeeded with no
+	// outputs and no attributes handed back, and only within AheadMs
+	// milliseconds of receiving the answer. It reports their results
+	// together (RunResults) once it stops going on, and releases there
+	// the ones it did not start, which it never starts then. The bound is
+	// what a stop waits for: no run handed ahead starts later than AheadMs
+	// after the stop.
+	AheadMs int `json:"ahead_ms,omitempty"`
 }
+
+// RunResults is a batch of reports (POST PathRunResults): the results of
+// runs the agent ran one after the other, in that order (a chain's runs
+// handed ahead, see RunResultResponse.AheadMs, or a single run), and the
+// runs handed ahead that it did not start (Released), which it will never
+// start. The answer is the RunResultResponse of the last result; it may
+// hand runs ahead again. Sent again (its answer lost), it changes nothing
+// the first one did and hands the same runs back.
+type RunResults struct {
+	Results  []RunReport  `json:"results"`
+	Released []RunAttempt `json:"released,omitempty"`
+}
+
+// RunReport is one run's result in a RunResults.
+type RunReport struct {
+	RunID int64 `json:"run_id"`
+	RunResult
+}
+
+// RunAttempt names one attempt of a run.
+type RunAttempt struct {
+	RunID   int64 `json:"run_id"`
+	Attempt int   `json:"attempt"`
+}
+
+// MaxRunResults bounds the results of one RunResults.
+const MaxRunResults = 64
 
 // RunHeartbeatRequest is the optional body of a run heartbeat. Attempt,
 // when given, must be the run's current attempt (else 409: a stale run the
