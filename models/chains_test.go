@@ -440,3 +440,81 @@ func TestClaimedRunKnowsWhetherOutputsWereLeft(t *testing.T) {
 	assert.EqualValues(t, 1, walks.Load(), "outputs left: walked once")
 	assert.Equal(t, []models.RunOutputs{{TaskName: "setup", NodeName: storetest.CtlName, Outputs: map[string]string{"url": "http://db"}}}, rc.Outputs)
 }
+
+// A batch of reports (ReportRuns) is one statement that records the
+// results and hands the chain's next run ahead; a batch sent again
+// (its answer lost) releasing the run handed ahead takes it back to the
+// attempt it had, and the chain goes on with that same attempt.
+func TestReportRunsHandsAheadAndReleases(t *testing.T) {
+	f, txn, setup, db, first := chainOfSetupAndDB(t)
+	ok := protocol.RunReport{RunID: setup.ID, RunResult: protocol.RunResult{Attempt: first.Attempt,
+		Log: &protocol.RunLogTail{Data: []byte("setup ran\n")}}}
+
+	statements := countStatements(t, f, func(string) bool { return true })
+	rep, err := f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{ok}}, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, statements.Load(), "one statement: the result, its log and the dispatch ahead")
+	assert.True(t, rep.Changed)
+	require.NotNil(t, rep.Next)
+	assert.True(t, rep.Fresh)
+	assert.Equal(t, db.ID, rep.Next.ID)
+	assert.Equal(t, 1, rep.Next.Attempt)
+	assert.Empty(t, rep.Ahead, "the chain has no run after db")
+	require.NotNil(t, rep.Next.AckedAt)
+	assert.Equal(t, rep.Next.ClaimedAt, rep.Next.AckedAt, "handed back: taken by the agent")
+	data, _, err := f.Store.RunLog(f.Ctx, setup.ID, 1, 0)
+	require.NoError(t, err)
+	assert.Equal(t, "setup ran\n", string(data))
+
+	// Sent again, releasing db: db goes back to pending at attempt 0 and
+	// is dispatched again at attempt 1, which the agent never started.
+	again := protocol.RunResults{Results: []protocol.RunReport{ok}, Released: []protocol.RunAttempt{{RunID: db.ID, Attempt: 1}}}
+	rep, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, again, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.False(t, rep.Changed, "the same result")
+	require.NotNil(t, rep.Next)
+	assert.True(t, rep.Fresh, "released, then dispatched again")
+	assert.Equal(t, 1, rep.Next.Attempt, "the attempt it had when released")
+
+	// db fails: the chain ends, its states are the runs'.
+	rep, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{
+		{RunID: db.ID, RunResult: protocol.RunResult{Attempt: 1, ExitCode: 3}}}}, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.Nil(t, rep.Next)
+	states, err := f.Store.ChainStates(f.Ctx, setup.ID)
+	require.NoError(t, err)
+	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunFailed}, states)
+	assert.Equal(t, 3, *f.RunsByLabel(t, txn)["db@"+storetest.CtlName].ExitCode)
+
+	// A batch naming a run of another node, or no result, writes nothing.
+	_, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{}, time.Minute, 1)
+	storetest.RequireInput(t, err, "results")
+	_, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{ok},
+		Released: []protocol.RunAttempt{{RunID: db.ID}}}, time.Minute, 1)
+	storetest.RequireInput(t, err, "released[0].attempt")
+}
+
+// A stop cuts a chain whose next run was handed ahead: the run may still
+// start (bounded by the ahead window); released, it goes back to pending,
+// stays in the chain's outcome, and the chain hands out nothing more.
+func TestChainCutWithARunHandedAhead(t *testing.T) {
+	f, txn, setup, db, first := chainOfSetupAndDB(t)
+	ok := protocol.RunReport{RunID: setup.ID, RunResult: protocol.RunResult{Attempt: first.Attempt}}
+	rep, err := f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{ok}}, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	require.NotNil(t, rep.Next)
+	require.Equal(t, db.ID, rep.Next.ID)
+
+	require.NoError(t, f.Store.CutChain(f.Ctx, setup.ID))
+	assert.Equal(t, contract.RunRunning, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State, "handed ahead: left to the agent")
+	rep, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{ok},
+		Released: []protocol.RunAttempt{{RunID: db.ID, Attempt: 1}}}, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.Nil(t, rep.Next, "cut: db is not handed out again")
+	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
+	assert.Equal(t, contract.RunPending, got.State)
+	assert.Equal(t, 0, got.Attempt, "the attempt it had before it was handed ahead")
+	states, err := f.Store.ChainStates(f.Ctx, setup.ID)
+	require.NoError(t, err)
+	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunPending}, states)
+}

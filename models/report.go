@@ -85,7 +85,12 @@ type reportQuery struct {
 // read back from res where resultColumns has it (NULL elsewhere: what the
 // report wrote is known already, and a run's spec and attributes are JSON
 // to decode), the next run's whole, as its work item is built from it.
-var reportStatement = sync.OnceValue(func() reportQuery {
+var reportStatement = sync.OnceValue(func() reportQuery { return reportQueryOf(reportSQL) })
+
+// reportQueryOf makes a report statement's text (reportSQL,
+// batchReportSQL) ready to run: its %[1]s becomes the reported runs'
+// columns, read from res, %[2]s the dispatched runs', read from d.
+func reportQueryOf(text string) reportQuery {
 	s, err := schema.Parse(&TaskRun{}, &sync.Map{}, schema.NamingStrategy{})
 	if err != nil {
 		panic(fmt.Sprintf("parse the task run model: %v", err)) // a programming error
@@ -106,9 +111,13 @@ var reportStatement = sync.OnceValue(func() reportQuery {
 		}
 		next = append(next, "d."+c)
 	}
-	q, params := positionalSQL(fmt.Sprintf(reportSQL, strings.Join(reported, ", "), strings.Join(next, ", ")))
+	q, params := positionalSQL(fmt.Sprintf(text, strings.Join(reported, ", "), strings.Join(next, ", ")))
 	return reportQuery{sql: q, params: params, columns: s.DBNames}
-})
+}
+
+// noOutputsContext is the context of a run that sees no outputs: one
+// dispatched when no run of its transaction has left any.
+func noOutputsContext() *RunContext { return &RunContext{Outputs: []RunOutputs{}, Peers: []string{}} }
 
 // reportAndContinue runs reportSQL for run, the result resultOf made of a
 // report (chunk: its log's first chunk, or nil; dispatch: it may go on
@@ -150,7 +159,7 @@ func reportAndContinue(db *gorm.DB, run *TaskRun, nodeID int64, attempt int, chu
 			recorded, logStored = true, stored
 		case 2:
 			next = &row
-			next.Context = &RunContext{Outputs: []RunOutputs{}, Peers: []string{}}
+			next.Context = noOutputsContext()
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -423,16 +423,22 @@ WHERE h.id = ? AND h.node_id IS NULL AND t.node_id IS NULL AND t.chain_head = h.
 // that lock them in id order.
 var chainRunIDsSQL = chainRunsSQL("t.id")
 
-// CutChain ends the chain headed by head after the run now running: its
-// runs not yet dispatched are unlinked, so the API hands out none of them
-// and completes the chain's activity when the running one is reported.
-// The workflow calls it when its transaction is stopped during a chain.
+// CutChain ends the chain headed by head after the runs now running: its
+// runs not yet dispatched are unlinked, so the API hands out none of
+// them, and every other (the one an agent runs, those handed ahead to it,
+// those that ended) loses its next, so that the chain goes on from none
+// of them, a report sent again included, and the API completes the
+// chain's activity when the last running one is reported. A run handed ahead may still start within the ahead window
+// (protocol.RunResultResponse.AheadMs); one the agent releases goes back
+// to pending, still in the chain (its state is part of the chain's
+// outcome), and is not handed out again by it. The workflow calls it when
+// its transaction is stopped during a chain.
 func (s *Store) CutChain(ctx context.Context, head int64) error {
 	// The rows are locked in id order (plan order), as ReportRun locks
 	// them, so that the two never deadlock.
-	if err := s.DB.WithContext(ctx).Exec(`UPDATE task_runs SET chain_head = NULL, chain_next = NULL
-WHERE id IN (SELECT id FROM task_runs WHERE id IN (`+chainRunIDsSQL+`) AND chain_head = ? AND state = ? ORDER BY id FOR UPDATE)`,
-		head, head, head, contract.RunPending).Error; err != nil {
+	if err := s.DB.WithContext(ctx).Exec(`UPDATE task_runs SET chain_head = CASE WHEN state = ? THEN NULL ELSE chain_head END, chain_next = NULL
+WHERE id IN (SELECT id FROM task_runs WHERE id IN (`+chainRunIDsSQL+`) AND chain_head = ? ORDER BY id FOR UPDATE)`,
+		contract.RunPending, head, head, head).Error; err != nil {
 		return fmt.Errorf("cut the chain of run %d: %w", head, err)
 	}
 	return nil
@@ -910,12 +916,32 @@ func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol
 }
 
 // resultOf checks a report (checkResult) and makes the row it writes to
-// its run: the state, exit code, outputs, tails, error and attributes
-// handed back, redacted of the node's deployment's secrets, with NUL
-// bytes stripped.
+// its run (resultRow), redacted of the node's deployment's secrets.
 func (s *Store) resultOf(db *gorm.DB, nodeID, runID int64, res protocol.RunResult) (*TaskRun, error) {
+	// The agent redacts the secrets it was sent; the server redacts every
+	// secret of the node's deployment again, whatever the agent did. A
+	// report with no text in it (most succeeded runs) has nothing to
+	// redact, and spares the secrets' round trip.
+	var red *secrets.Redactor
+	if hasText(res) {
+		var err error
+		if red, err = s.NodeRedactor(db, nodeID); err != nil {
+			return nil, err
+		}
+	}
+	return resultRow(runID, res, red)
+}
+
+// resultRow checks a report (checkResult) and makes the row it writes to
+// its run: the state, exit code, outputs, tails, error and attributes
+// handed back, redacted by red (nil: the report holds no text, see
+// hasText), with NUL bytes stripped.
+func resultRow(runID int64, res protocol.RunResult, red *secrets.Redactor) (*TaskRun, error) {
 	if err := checkResult(res); err != nil {
 		return nil, err
+	}
+	if red == nil {
+		red = secrets.NewRedactor()
 	}
 	state := contract.RunSucceeded
 	if !res.Succeeded() {
@@ -924,17 +950,6 @@ func (s *Store) resultOf(db *gorm.DB, nodeID, runID int64, res protocol.RunResul
 	finished := res.FinishedAt
 	if finished.IsZero() {
 		finished = Now()
-	}
-	// The agent redacts the secrets it was sent; the server redacts every
-	// secret of the node's deployment again, whatever the agent did. A
-	// report with no text in it (most succeeded runs) has nothing to
-	// redact, and spares the secrets' round trip.
-	red := secrets.NewRedactor()
-	if hasText(res) {
-		var err error
-		if red, err = s.NodeRedactor(db, nodeID); err != nil {
-			return nil, err
-		}
 	}
 	// Postgres text cannot hold NUL bytes, which command output may.
 	outputs := make(map[string]string, len(res.Outputs))

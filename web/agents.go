@@ -467,17 +467,79 @@ func (s *Server) agentRunResult(c echo.Context) error {
 	if err := bindRunResult(c, &res); err != nil {
 		return err
 	}
-	if err := checkResultLog(res); err != nil {
+	if err := checkResultLog(res, ""); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-	rec, err := s.cfg.Store.ReportRun(ctx, principal(c).NodeID, runID, res, s.ackLease())
+	rec, err := s.cfg.Store.ReportRun(c.Request().Context(), principal(c).NodeID, runID, res, s.ackLease())
 	if err != nil {
 		// A gap in the log (409 log.offset): the agent ships the log in
 		// log requests, from the offset named, then reports again
 		// without it.
 		return logOffsetConflict(err, "log.offset")
 	}
+	return s.answerReport(c, &models.BatchReport{ReportedRun: *rec}, res)
+}
+
+// aheadWindow is how long after an answer a run handed ahead may still
+// start (protocol.RunResultResponse.AheadMs): the most a stop waits for
+// runs to start after it.
+const aheadWindow = 500 * time.Millisecond
+
+// aheadAfter is the longest a reported run may have taken for its chain's
+// next runs to be handed ahead: a chain of longer runs goes on one run per
+// report, as its runs would seldom start within aheadWindow, and each run
+// handed ahead and released is two writes for nothing.
+const aheadAfter = 100 * time.Millisecond
+
+// agentRunResults stores a batch of an agent's reports (protocol.
+// RunResults: a chain's runs it ran one after the other, and the runs
+// handed ahead it released) and answers as agentRunResult does for the
+// last, handing the chain's next runs ahead when the last run was short.
+func (s *Server) agentRunResults(c echo.Context) error {
+	var batch protocol.RunResults
+	body, err := readBody(c)
+	if err != nil {
+		return err
+	}
+	if err := decodeStrict(body, &batch, true, true); err != nil {
+		return err
+	}
+	seen := map[int64]bool{}
+	for i, r := range batch.Results {
+		if r.RunID <= 0 {
+			return &models.InputError{Status: http.StatusBadRequest, Field: fmt.Sprintf("results[%d].run_id", i), Reason: "must be a run's id"}
+		}
+		if seen[r.RunID] {
+			return &models.InputError{Status: http.StatusBadRequest, Field: fmt.Sprintf("results[%d].run_id", i), Reason: fmt.Sprintf("run %d is reported twice", r.RunID)}
+		}
+		seen[r.RunID] = true
+		if err := checkResultLog(r.RunResult, fmt.Sprintf("results[%d].", i)); err != nil {
+			return err
+		}
+	}
+	for i, r := range batch.Released {
+		if seen[r.RunID] {
+			return &models.InputError{Status: http.StatusBadRequest, Field: fmt.Sprintf("released[%d].run_id", i), Reason: fmt.Sprintf("run %d is reported and released", r.RunID)}
+		}
+	}
+	ahead := 1
+	if n := len(batch.Results); n > 0 {
+		if last := batch.Results[n-1]; last.FinishedAt.Sub(last.StartedAt) < aheadAfter {
+			ahead = models.MaxAheadRuns
+		}
+	}
+	rec, err := s.cfg.Store.ReportRuns(c.Request().Context(), principal(c).NodeID, batch, s.ackLease(), ahead)
+	if err != nil {
+		return logOffsetConflict(err, "log.offset")
+	}
+	return s.answerReport(c, rec, batch.Results[len(batch.Results)-1].RunResult)
+}
+
+// answerReport answers a report whose last result (res) the store took
+// (rec): with the chain's next run and those handed ahead when it goes on,
+// else completing the activity the run was dispatched under.
+func (s *Server) answerReport(c echo.Context, rec *models.BatchReport, res protocol.RunResult) error {
+	ctx := c.Request().Context()
 	run := rec.Run
 	// Made only for a line that is written: a run of a chain that goes on
 	// is logged at debug level (the run's state is in the API and its
@@ -486,23 +548,36 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		return s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
 	}
 	next, fresh, err := s.heartbeatChain(ctx, run, rec.Next, rec.Fresh)
+	if len(rec.Ahead) > 0 && (next == nil || !fresh) {
+		// The chain ends here after all (its activity cancelled or
+		// gone): the runs handed ahead go back with the next one.
+		for i := range rec.Ahead {
+			if _, terr := s.cfg.Store.TakeBackHandBack(ctx, &rec.Ahead[i]); terr != nil {
+				return terr
+			}
+		}
+		rec.Ahead = nil
+	}
 	var notFound *serviceerror.NotFound
 	switch {
 	case err != nil && !errors.As(err, &notFound):
 		return err
 	case next != nil:
 		if s.log.Enabled(ctx, slog.LevelDebug) {
-			log().Debug("run reported; its chain goes on", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed, "next_run", next.ID, "next_task", next.TaskName)
+			log().Debug("run reported; its chain goes on", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed, "next_run", next.ID, "next_task", next.TaskName, "ahead", len(rec.Ahead))
 		}
 		answer := protocol.RunResultResponse{RunID: run.ID, State: run.State, NextRunID: next.ID}
 		if fresh {
 			// The next run goes back with the answer, taken by this
 			// agent: no wake-up and poll of its own, and no ack.
-			work, err := s.workResponse(ctx, []models.TaskRun{*next})
+			work, err := s.workResponse(ctx, append([]models.TaskRun{*next}, rec.Ahead...))
 			if err != nil {
 				return err
 			}
 			answer.Runs = work.Runs
+			if len(rec.Ahead) > 0 {
+				answer.AheadMs = int(aheadWindow / time.Millisecond)
+			}
 		} else if item, err := s.workItem(ctx, *next); err == nil {
 			// Handed back again: the first answer may have been lost.
 			answer.Runs = []protocol.WorkItem{item}
@@ -532,7 +607,7 @@ func (s *Server) agentRunResult(c echo.Context) error {
 		// The activity timed out before the report came: the workflow has
 		// already moved on, so the run counts as failed.
 		reason := "the agent's result arrived after the run had stopped being awaited (heartbeat or start-to-close timeout)"
-		if ferr := s.cfg.Store.RejectLateResult(ctx, runID, run.Attempt, reason); ferr != nil {
+		if ferr := s.cfg.Store.RejectLateResult(ctx, run.ID, run.Attempt, reason); ferr != nil {
 			return ferr
 		}
 		log().Warn("late result refused", "reason", reason)
@@ -551,13 +626,13 @@ func (s *Server) agentRunResult(c echo.Context) error {
 // chunk is a 400 naming its field. The store keeps it before the result
 // (models.Store.ReportRun), so that a reader following the log has all of
 // it once the run has ended.
-func checkResultLog(res protocol.RunResult) error {
+func checkResultLog(res protocol.RunResult, field string) error {
 	if res.Log == nil {
 		return nil
 	}
 	var fe *protocol.FieldError
 	if err := res.Log.Validate(); errors.As(err, &fe) {
-		return &models.InputError{Status: http.StatusBadRequest, Field: fe.Field, Reason: fe.Reason}
+		return &models.InputError{Status: http.StatusBadRequest, Field: field + fe.Field, Reason: fe.Reason}
 	}
 	return nil
 }

@@ -122,6 +122,7 @@ func New(cfg Config) *Server {
 	mine.GET("/work", s.agentWork)
 	mine.POST("/runs/:id/heartbeat", s.agentRunHeartbeat)
 	mine.POST("/runs/:id/result", s.agentRunResult)
+	mine.POST("/runs/results", s.agentRunResults)
 	mine.POST("/runs/:id/ack", s.agentRunAck)
 
 	// Operators' routes: what each token scope may do is decided per route

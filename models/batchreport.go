@@ -1,0 +1,361 @@
+package models
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/anneal-dev/anneal/agent/protocol"
+	"github.com/anneal-dev/anneal/models/secrets"
+	"github.com/anneal-dev/anneal/workflows/contract"
+)
+
+// batchReportSQL records a batch of reports (protocol.RunResults) and,
+// in the same statement, hands the chain's next runs ahead to the
+// reporting agent: the runs it ran one after the other, their logs' first
+// chunks, the runs it releases (handed ahead, not started: back to pending
+// at the attempt they had before, so that the next dispatch hands out the
+// same attempt, which the agent never started), and up to @ahead of the
+// chain's next runs, dispatched as reportSQL dispatches one. It is all or
+// nothing: unless every result's run is running at its attempt on the
+// node (a batch sent again, a run failed meanwhile), it writes nothing and
+// ReportRuns goes the general way. The chain goes on only as reportSQL
+// lets it (@dispatch: no result left outputs; the last succeeded; no run
+// of the transaction has left outputs; LCM would not skip the run), and
+// each run walked must be pending and still linked: the walk stops at the
+// first that is not, which the general path (continueChain) then deals
+// with. A run released here is not seen pending by the walk (a statement
+// sees the rows as they were before it), so a batch that releases runs
+// hands none ahead; ReportRuns goes on with the chain in Go then.
+var batchReportSQL = `WITH RECURSIVE v AS (
+  SELECT * FROM unnest(@ids::bigint[], @attempts::int[], @states::text[], @exits::int[], @outputs::text[], @errors::text[],
+    @stdouts::text[], @stderrs::text[], @started::timestamptz[], @finished::timestamptz[], @attrs::text[], @sizes::int[], @datas::bytea[])
+    WITH ORDINALITY AS v(id, attempt, state, exit, outputs, error, stdout, stderr, started, finished, attrs, size, data, o)
+), ok AS (
+  SELECT count(*) = cardinality(@ids::bigint[]) AS every_running FROM v JOIN task_runs t ON t.id = v.id
+  WHERE t.node_id = @node AND t.attempt = v.attempt AND t.state = 'running'
+), rel AS (
+  UPDATE task_runs r SET state = 'pending', attempt = r.attempt - 1, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
+    started_at = NULL, updated_at = now()
+  FROM unnest(@released::bigint[], @released_attempts::int[]) AS x(id, attempt), ok
+  WHERE ok.every_running AND r.id = x.id AND r.node_id = @node AND r.attempt = x.attempt AND r.state = 'running'
+  RETURNING r.id
+), res AS (
+  UPDATE task_runs t SET state = v.state, exit_code = v.exit, outputs = CAST(v.outputs AS jsonb), error = v.error,
+    stdout_tail = v.stdout, stderr_tail = v.stderr, finished_at = v.finished, updated_at = @updated, attrs_out = CAST(v.attrs AS jsonb),
+    -- a run handed ahead started when the agent says, not when it was
+    -- handed out; never before that
+    started_at = GREATEST(t.started_at, v.started)
+  FROM v, ok
+  WHERE ok.every_running AND t.id = v.id AND t.node_id = @node AND t.attempt = v.attempt AND t.state = 'running'
+  RETURNING ` + prefixed("t.", resultColumns) + `, v.o
+), log AS (
+  INSERT INTO run_logs (run_id, attempt, size, stored, truncated, updated_at)
+  SELECT v.id, v.attempt, v.size, v.size, false, now() FROM res JOIN v ON v.o = res.o WHERE v.size > 0
+  ON CONFLICT DO NOTHING
+  RETURNING run_id, attempt
+), chunk AS (
+  INSERT INTO run_log_chunks (run_id, attempt, pos, data)
+  SELECT log.run_id, log.attempt, 0, v.data FROM log JOIN v ON v.id = log.run_id AND v.attempt = log.attempt
+  RETURNING run_id
+), last AS (
+  SELECT res.* FROM res WHERE res.o = cardinality(@ids::bigint[])
+), walk(id, n) AS (
+  SELECT d.id, 1 FROM last JOIN task_runs d ON d.id = last.chain_next AND d.chain_head = last.chain_head
+  JOIN v ON v.o = last.o
+  WHERE @dispatch AND v.state = 'succeeded' AND NOT ` + outputsLeftSQL("d.transaction_id") + ` AND ` + aheadableSQL + `
+  UNION ALL
+  SELECT d.id, w.n + 1 FROM walk w JOIN task_runs p ON p.id = w.id
+  JOIN task_runs d ON d.id = p.chain_next AND d.chain_head = p.chain_head
+  WHERE w.n < @ahead AND ` + aheadableSQL + `
+), next AS (
+  -- dispatch's UPDATE of a run handed back, with its token and hash here
+  UPDATE task_runs d SET state = 'running', attempt = d.attempt + 1, task_token = last.task_token,
+    claimed_at = now(), acked_at = now(), lease_until = now() + make_interval(secs => @lease),
+    started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now(),
+    inputs_hash = CASE WHEN d.inputs_base <> '' THEN ` + noOutputsHashSQL + ` ELSE d.inputs_hash END
+  FROM walk, last
+  -- rechecked on the row as it is now, should a cut (CutChain) have
+  -- committed since the walk read it
+  WHERE d.id = walk.id AND d.state = 'pending' AND d.chain_head = last.chain_head
+  RETURNING walk.n, d.*
+)
+SELECT 0 AS n, %[1]s, EXISTS (SELECT 1 FROM chunk WHERE chunk.run_id = res.id) AS log_stored FROM res
+UNION ALL
+SELECT n, %[2]s, false FROM next d
+ORDER BY n`
+
+// aheadableSQL says whether run d of a chain may be handed ahead: pending,
+// its node still there, and not a run LCM would skip (see reportSQL).
+var aheadableSQL = `d.state = 'pending' AND EXISTS (SELECT 1 FROM nodes n WHERE n.id = d.node_id)
+    AND NOT (d.lcm AND d.inputs_base <> '' AND EXISTS (
+      SELECT 1 FROM (
+        SELECT r.state, r.inputs_hash FROM task_runs r JOIN transactions t ON t.id = r.transaction_id
+        WHERE ` + lcmLastRunWhere + `
+        ORDER BY r.finished_at DESC, r.id DESC LIMIT 1) l
+      WHERE l.state IN ('succeeded', 'skipped') AND l.inputs_hash = ` + noOutputsHashSQL + `))`
+
+// prefixed writes each column of a comma-separated list with prefix.
+func prefixed(prefix, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = prefix + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}
+
+// batchReportStatement is batchReportSQL ready to run, as reportStatement
+// is reportSQL: the results' rows carry the columns of resultColumns (the
+// rest NULL), the runs handed ahead all of theirs.
+var batchReportStatement = sync.OnceValue(func() reportQuery {
+	return reportQueryOf(batchReportSQL)
+})
+
+// MaxAheadRuns is the most runs of a chain one answer hands ahead.
+const MaxAheadRuns = 8
+
+// BatchReport says what ReportRuns did: the last result as ReportRun
+// says it, and the runs handed ahead after Next.
+type BatchReport struct {
+	ReportedRun
+	// Ahead are the chain's runs after Next, dispatched to the agent with
+	// it (fresh), in order.
+	Ahead []TaskRun
+}
+
+// ReportRuns stores a batch of an agent's reports of its node's runs
+// (protocol.RunResults): the results in the order they ran, the runs
+// released (handed ahead and not started: pending again), and, when the
+// last result lets its chain go on, its next run and up to ahead-1 more
+// handed ahead (BatchReport.Ahead). The common batch (every run still
+// running at the attempt reported, each log absent or a first chunk) is
+// one statement (batchReportSQL): one round trip and one commit for all
+// of it. Any other is one transaction: the releases, each result as
+// ReportRun's general path stores it (a refused one refuses the batch:
+// nothing is written), and the chain's next run (continueChain).
+func (s *Store) ReportRuns(ctx context.Context, nodeID int64, batch protocol.RunResults, lease time.Duration, ahead int) (*BatchReport, error) {
+	if len(batch.Results) == 0 {
+		return nil, Invalid("results", "must hold at least one result")
+	}
+	if len(batch.Results) > protocol.MaxRunResults {
+		return nil, Invalid("results", "holds %d results; at most %d", len(batch.Results), protocol.MaxRunResults)
+	}
+	for i, r := range batch.Released {
+		if err := checkAttempt(r.Attempt, false); err != nil {
+			return nil, Invalid(fmt.Sprintf("released[%d].attempt", i), "must be at least 1")
+		}
+	}
+	db := s.DB.WithContext(ctx)
+	runs, err := s.resultsOf(db, nodeID, batch.Results)
+	if err != nil {
+		return nil, err
+	}
+	fast := true
+	for _, r := range batch.Results {
+		if r.Log != nil && firstChunkOf(r.RunResult) == nil {
+			fast = false
+		}
+	}
+	if fast {
+		out, recorded, err := batchReport(db, nodeID, batch, runs, lease, ahead)
+		if err != nil {
+			return nil, err
+		}
+		if recorded {
+			// Left to Go: a chain whose next run sees outputs, may be
+			// skipped by LCM, was just released or ended already, as
+			// ReportRun leaves it.
+			if last := out.Run; out.Next == nil && chainGoesOn(last) {
+				err = db.Transaction(func(tx *gorm.DB) error {
+					var err error
+					out.Next, out.Fresh, err = continueChain(tx, last, lease)
+					return err
+				})
+			}
+			return out, err
+		}
+	}
+	out := &BatchReport{}
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if err := releaseRuns(tx, nodeID, batch.Released); err != nil {
+			return err
+		}
+		for i, r := range batch.Results {
+			rec, err := storeResult(tx, runs[i], nodeID, r.RunResult, true)
+			if err != nil {
+				return err
+			}
+			out.RecordedResult = *rec
+		}
+		out.Next, out.Fresh, err = continueChain(tx, out.Run, lease)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// resultsOf is resultOf for each result of a batch, with the node's
+// redactor read once for all of them, and only if one holds text.
+func (s *Store) resultsOf(db *gorm.DB, nodeID int64, results []protocol.RunReport) ([]*TaskRun, error) {
+	var red *secrets.Redactor
+	runs := make([]*TaskRun, len(results))
+	for i, r := range results {
+		if red == nil && hasText(r.RunResult) {
+			var err error
+			if red, err = s.NodeRedactor(db, nodeID); err != nil {
+				return nil, err
+			}
+		}
+		run, err := resultRow(r.RunID, r.RunResult, red)
+		if err != nil {
+			var ie *InputError
+			if errors.As(err, &ie) {
+				ie.Field = fmt.Sprintf("results[%d].%s", i, ie.Field)
+			}
+			return nil, err
+		}
+		runs[i] = run
+	}
+	return runs, nil
+}
+
+// releaseRuns takes runs an agent released (handed ahead, never started)
+// back to pending at the attempt they had before their dispatch.
+func releaseRuns(tx *gorm.DB, nodeID int64, released []protocol.RunAttempt) error {
+	if len(released) == 0 {
+		return nil
+	}
+	ids, attempts := make([]int64, len(released)), make([]int64, len(released))
+	for i, r := range released {
+		ids[i], attempts[i] = r.RunID, int64(r.Attempt)
+	}
+	if err := tx.Exec(`UPDATE task_runs r SET state = ?, attempt = r.attempt - 1, claimed_at = NULL, acked_at = NULL,
+  lease_until = NULL, started_at = NULL, updated_at = now()
+FROM unnest(?::bigint[], ?::int[]) AS x(id, attempt)
+WHERE r.id = x.id AND r.node_id = ? AND r.attempt = x.attempt AND r.state = ?`,
+		contract.RunPending, int64Array(ids), int64Array(attempts), nodeID, contract.RunRunning).Error; err != nil {
+		return fmt.Errorf("release runs %v: %w", ids, err)
+	}
+	return nil
+}
+
+// batchReport runs batchReportSQL for a batch whose logs are absent or
+// first chunks (runs: the rows resultsOf made of its results). recorded
+// says whether it wrote the batch (all of it, or nothing).
+func batchReport(db *gorm.DB, nodeID int64, batch protocol.RunResults, runs []*TaskRun, lease time.Duration, ahead int) (*BatchReport, bool, error) {
+	n := len(runs)
+	ids, attempts, exits, sizes := make([]int64, n), make([]int32, n), make([]int32, n), make([]int32, n)
+	states, outputs, errs, stdouts, stderrs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	started, finished, attrs, datas := make([]*time.Time, n), make([]time.Time, n), make([]*string, n), make([][]byte, n)
+	dispatch := true
+	for i, run := range runs {
+		res := batch.Results[i].RunResult
+		raw, err := json.Marshal(run.Outputs)
+		if err != nil {
+			return nil, false, fmt.Errorf("encode the outputs of run %d: %w", run.ID, err)
+		}
+		if run.AttrsOut != nil {
+			b, err := json.Marshal(run.AttrsOut)
+			if err != nil {
+				return nil, false, fmt.Errorf("encode the attributes of run %d: %w", run.ID, err)
+			}
+			s := string(b)
+			attrs[i] = &s
+		}
+		chunk := firstChunkOf(res)
+		ids[i], attempts[i], exits[i], sizes[i] = run.ID, int32(res.Attempt), int32(*run.ExitCode), int32(len(chunk))
+		states[i], outputs[i], errs[i], stdouts[i], stderrs[i] = run.State, string(raw), run.Error, run.StdoutTail, run.StderrTail
+		finished[i], datas[i] = *run.FinishedAt, chunk
+		if !res.StartedAt.IsZero() {
+			started[i] = &res.StartedAt
+		}
+		if len(res.Outputs) > 0 {
+			dispatch = false
+		}
+	}
+	rel, relAttempts := make([]int64, len(batch.Released)), make([]int32, len(batch.Released))
+	for i, r := range batch.Released {
+		rel[i], relAttempts[i] = r.RunID, int32(r.Attempt)
+	}
+	q := batchReportStatement()
+	args, err := positionalArgs(q.params, map[string]any{
+		"ids": ids, "attempts": attempts, "states": states, "exits": exits, "outputs": outputs, "errors": errs,
+		"stdouts": stdouts, "stderrs": stderrs, "started": started, "finished": finished, "attrs": attrs, "sizes": sizes, "datas": datas,
+		"node": nodeID, "released": rel, "released_attempts": relAttempts, "updated": runs[n-1].UpdatedAt,
+		"dispatch": dispatch, "ahead": max(ahead, 1), "lease": ackLeaseOr(lease).Seconds(),
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("record the results of runs %v: %w", ids, err)
+	}
+	rows, err := rawPositional(db, q.sql, args).Rows()
+	if err != nil {
+		return nil, false, fmt.Errorf("record the results of runs %v: %w", ids, err)
+	}
+	defer rows.Close()
+	out := &BatchReport{}
+	recorded := 0
+	logStored := map[int64]bool{}
+	for rows.Next() {
+		var step int
+		var row TaskRun
+		var stored bool
+		dests, err := row.taskRunDests(q.columns)
+		if err != nil {
+			return nil, false, err
+		}
+		if err := rows.Scan(append(append([]any{&step}, dests...), &stored)...); err != nil {
+			return nil, false, fmt.Errorf("read the results of runs %v: %w", ids, err)
+		}
+		switch {
+		case step == 0:
+			for _, run := range runs {
+				if run.ID == row.ID {
+					readBack(run, row)
+				}
+			}
+			recorded++
+			logStored[row.ID] = stored
+		case step == 1:
+			out.Next = &row
+			out.Fresh = true
+		default:
+			out.Ahead = append(out.Ahead, row)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("read the results of runs %v: %w", ids, err)
+	}
+	if recorded == 0 {
+		return nil, false, nil
+	}
+	if recorded != n {
+		return nil, false, fmt.Errorf("record the results of runs %v: %d of %d written", ids, recorded, n) // all or nothing: a bug
+	}
+	// The runs handed ahead see no outputs: none was left (@dispatch).
+	if out.Next != nil {
+		out.Next.Context = noOutputsContext()
+	}
+	for i := range out.Ahead {
+		out.Ahead[i].Context = noOutputsContext()
+	}
+	out.RecordedResult = RecordedResult{Run: runs[n-1], Changed: true}
+	// A log whose row was there already (a log request came first):
+	// the general path, idempotent by offset, stores its first chunk or
+	// says why not, as ReportRun does.
+	for i, run := range runs {
+		if sizes[i] > 0 && !logStored[run.ID] {
+			if _, err := appendRunLog(db, nodeID, run.ID, int(attempts[i]), 0, datas[i]); err != nil {
+				return nil, false, err
+			}
+		}
+	}
+	return out, true, nil
+}
