@@ -57,6 +57,15 @@ type Acker interface {
 	Ack(ctx context.Context, runID int64, attempt int) (cancel bool, err error)
 }
 
+// BatchReporter is implemented by a Reporter that can send several results
+// in one request (HTTPTransport does): the agent then reports every result
+// through it, a single one too, since only the answer to a batch may hand
+// a chain's next runs ahead (protocol.RunResultResponse.AheadMs), and the
+// results of runs handed ahead go together in one batch.
+type BatchReporter interface {
+	ReportBatch(ctx context.Context, batch protocol.RunResults) (protocol.RunResultResponse, error)
+}
+
 // Config configures Run.
 type Config struct {
 	// APIURL is the API's base URL. It may be empty when a stored
@@ -150,9 +159,21 @@ type agent struct {
 	activeMu sync.Mutex
 	active   map[runKey]struct{}
 	// handed are runs the API handed back with a report (a chain's next
-	// run), executed before the next poll.
+	// run, or runs handed ahead), executed before the next poll.
 	handedMu sync.Mutex
-	handed   []protocol.WorkItem
+	handed   []queued
+	// Only the work loop (and recover, before it) reports results, so
+	// what follows needs no lock.
+	//
+	// ahead is the list of runs handed ahead that the run going on heads
+	// or belongs to, nil when it is no such list's.
+	ahead *aheadList
+	// pending holds the results kept for one batch while runs handed
+	// ahead go on (see submit).
+	pending []pendingReport
+	// noBatches is set once the API answered that it has no batch route
+	// (an older API): results go one by one for the life of the process.
+	noBatches bool
 	// heartbeatEvery is the node heartbeat period the API asked for
 	// (learnHeartbeatPeriod), 0 until it has.
 	heartbeatEvery atomic.Int64
@@ -165,14 +186,17 @@ type agent struct {
 // At start it loads <WorkDir>/credential.json, or registers with EnrollToken
 // and stores the credential it gets, and reports as failed the runs its
 // durable record (see Records) shows started by a previous process that
-// never finished them. Then it sends a node heartbeat every HeartbeatEvery,
-// and long-polls for work; each run handed out is acknowledged, recorded
+// never finished them, together with the results that process kept for a
+// batch and never sent, in the order they ran. Then it sends a node
+// heartbeat every HeartbeatEvery, and long-polls for work; each run handed out is acknowledged, recorded
 // started and executed once (never twice for the same run and attempt, even across
 // restarts: a run offered again gets its stored result), with a run heartbeat every
 // RunHeartbeatEvery that cancels the execution when the API asks for it or no
 // longer knows the run (404, 409), and its result is reported, retrying
-// network errors and 5xx with backoff. A run interrupted by the agent's own
-// shutdown is reported as cancelled, best effort.
+// network errors and 5xx with backoff: in a batch (BatchReporter) with the
+// results of the chain's runs the API handed ahead and that ran after it,
+// when it did. A run interrupted by the agent's own shutdown is reported as
+// cancelled, best effort.
 func Run(ctx context.Context, cfg Config) error {
 	a, err := newAgent(cfg)
 	if err != nil {
@@ -502,10 +526,15 @@ func (a *agent) workLoop(ctx context.Context) {
 	b := a.backoff()
 	for ctx.Err() == nil {
 		// Runs handed back with a report go first; then the long poll.
-		items := a.takeHandedBack()
+		runs := a.takeHandedBack()
 		var err error
-		if len(items) == 0 {
+		if len(runs) == 0 {
+			var items []protocol.WorkItem
 			items, err = a.src.Fetch(ctx)
+			runs = make([]queued, len(items))
+			for i, item := range items {
+				runs[i] = queued{item: item}
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -521,14 +550,53 @@ func (a *agent) workLoop(ctx context.Context) {
 			continue
 		}
 		b.reset()
-		for i, item := range items {
+		for i, q := range runs {
 			if ctx.Err() != nil {
-				a.abandon(ctx, items[i:])
+				a.abandon(ctx, runs[i:])
 				return
 			}
-			a.runItem(ctx, item)
+			a.runQueued(ctx, q)
 		}
 	}
+}
+
+// queued is a run for the work loop: from a poll, or handed back with a
+// report's answer, where it may head a list of runs handed ahead.
+type queued struct {
+	item  protocol.WorkItem
+	ahead *aheadList // the runs handed ahead after item, or nil
+}
+
+// aheadList is what is left of the runs a report's answer handed ahead
+// (protocol.RunResultResponse.AheadMs) after the first, which is queued.
+type aheadList struct {
+	rest  []protocol.WorkItem // not started, in order
+	until time.Time           // none starts at or after it
+	// goOn says that the last result was kept for the batch (submit):
+	// the next of rest starts now.
+	goOn bool
+}
+
+// runQueued runs a queued run and, when it heads runs handed ahead, each
+// next one for as long as submit keeps the results for one batch; then
+// it sends what is kept, releasing the runs not started.
+func (a *agent) runQueued(ctx context.Context, q queued) {
+	a.ahead = q.ahead
+	defer func() { a.ahead = nil }()
+	item := q.item
+	for {
+		a.runItem(ctx, item)
+		l := a.ahead
+		if l == nil || !l.goOn || ctx.Err() != nil {
+			break
+		}
+		l.goOn = false
+		item, l.rest = l.rest[0], l.rest[1:]
+	}
+	// Nothing to do after a result that was sent (submit flushed); kept
+	// results are sent when the run after them left none (it was not
+	// executed), or the agent is stopping.
+	a.flushPending(ctx)
 }
 
 // runItem executes one work item exactly once on this node, with run
@@ -562,7 +630,7 @@ func (a *agent) runItem(ctx context.Context, item protocol.WorkItem) {
 	case rec != nil && rec.Phase == PhaseFinished && rec.Result != nil:
 		log.Info("run already executed on this node; reporting its stored result again", "exit_code", rec.Result.ExitCode)
 		a.logShipper(log, item).drain(ctx, a)
-		a.report(ctx, log, item.RunID, *rec.Result)
+		a.submit(ctx, pendingReport{log: log, rec: rec, res: *rec.Result})
 		return
 	case rec != nil && rec.Phase == PhaseStarted:
 		a.reportInterrupted(ctx, rec)
@@ -683,40 +751,91 @@ func (a *agent) ack(ctx context.Context, log *slog.Logger, item protocol.WorkIte
 }
 
 // finish stores a run's result durably, then reports it (once only when
-// the agent is stopping).
+// the agent is stopping), or keeps it for a batch (submit).
 func (a *agent) finish(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult) {
 	a.finishWithLog(ctx, log, rec, res, nil)
 }
 
 // finishWithLog is finish for a run whose log tail ships its log: the end
 // of the log rides on the report when the API takes it there (see
-// logTail.rest). A report refused with the log on it (an API that cannot
-// take it after all, a body past its limit, a gap in the server's copy of
-// the log) is not the end of the result: the log goes in log requests,
-// then the result is reported again without it. The stored record never
-// keeps the log.
+// logTail.rest; reportOne says what happens when the API refuses it
+// there). The stored record never keeps the log.
 func (a *agent) finishWithLog(ctx context.Context, log *slog.Logger, rec *RunRecord, res protocol.RunResult, tail *logTail) {
-	rec.Phase, rec.Result = PhaseFinished, &res
-	// Synced only if the agent has to wait for the API first (retry) or
-	// stops: in a chain, the next run's started record syncs it.
+	a.store(log, rec, res)
+	r := pendingReport{log: log, rec: rec, res: res, tail: tail}
+	r.res.Log = tail.rest(ctx, a)
+	a.submit(ctx, r)
+}
+
+// store appends a run's result to the journal, marked to be reported.
+// Synced only if the agent has to wait for the API first (retry) or
+// stops: in a chain, the next run's started record syncs it.
+func (a *agent) store(log *slog.Logger, rec *RunRecord, res protocol.RunResult) {
+	rec.Phase, rec.Result, rec.ReportPending = PhaseFinished, &res, true
 	if err := a.records.SaveRunUnsynced(rec); err != nil {
 		// The result still goes out; only a repeated offer would miss it.
 		log.Error("cannot store the run's result durably", "error", err)
 	}
-	withLog := res
-	withLog.Log = tail.rest(ctx, a)
-	if ctx.Err() != nil {
-		a.reportOnce(ctx, log, rec.RunID, withLog)
+}
+
+// pendingReport is a run's result on its way to the API.
+type pendingReport struct {
+	log *slog.Logger
+	// rec is the run's record, marked reported (MarkReported) once the
+	// API has the result if it is ReportPending.
+	rec *RunRecord
+	// res is the result, with the end of the log on it (Log) if it rides
+	// there, shipped by tail when the API refuses it on the report.
+	res  protocol.RunResult
+	tail *logTail
+}
+
+// submit reports a result, or keeps it for one batch with the results
+// after it when the run going on belongs to runs handed ahead and the
+// next of them may start (goesOn). Results kept go first, in the order
+// they ran, with whichever report follows.
+func (a *agent) submit(ctx context.Context, r pendingReport) {
+	a.pending = append(a.pending, r)
+	if a.goesOn(r) {
+		a.ahead.goOn = true
 		return
 	}
-	err := a.sendReport(ctx, rec.RunID, withLog)
-	if st := statusOf(err); withLog.Log != nil && st >= 400 && st < 500 && st != http.StatusUnauthorized {
-		log.Info("the API refused the result with the end of the log on it; shipping the log on its own, then the result again",
-			"status", st, "error", apiMessage(err))
-		tail.drain(ctx, a)
-		err = a.sendReport(ctx, rec.RunID, res)
+	a.flushPending(ctx)
+}
+
+// goesOn reports whether the next run handed ahead may start after the
+// run whose result r is (protocol.RunResultResponse.AheadMs): one is left,
+// this one succeeded with no outputs and no attributes handed back (which
+// the API would have to see first), it is not a reboot (reported before
+// the node goes down), the batch has room, and the deadline has not
+// passed.
+func (a *agent) goesOn(r pendingReport) bool {
+	l := a.ahead
+	return l != nil && len(l.rest) > 0 && len(a.pending) < protocol.MaxRunResults &&
+		r.res.Succeeded() && len(r.res.Outputs) == 0 && r.res.Attrs == nil && r.rec.Type != protocol.TypeReboot &&
+		time.Now().Before(l.until)
+}
+
+// flushPending sends the results kept for a batch, releasing the runs
+// handed ahead not started, which are then never started here.
+func (a *agent) flushPending(ctx context.Context) {
+	var released []protocol.WorkItem
+	if l := a.ahead; l != nil {
+		released, l.rest, l.goOn = l.rest, nil, false
 	}
-	a.logReport(ctx, log, err)
+	batch := a.pending
+	if len(batch) == 0 {
+		if len(released) > 0 {
+			// No result to carry them (the run heading them was not
+			// executed): the API hands them out again once its lease
+			// ends, as a new delivery.
+			a.log.Info("runs handed ahead not started; left to the API", "runs", len(released))
+		}
+		return
+	}
+	a.flush(ctx, batch, released)
+	clear(batch)
+	a.pending = batch[:0]
 }
 
 // recover runs at start: runs a previous agent process started and never
@@ -733,20 +852,51 @@ func (a *agent) recover(ctx context.Context) {
 	if err := pruneFiles(scratchDir(a.workDir), time.Now().Add(-RecordRetention), nil); err != nil {
 		a.log.Warn("cannot prune old scratch files", "error", err)
 	}
-	recs, err := a.records.Unfinished()
+	recs, err := a.records.Unreported()
 	if err != nil {
 		// Logs are not pruned either: an interrupted run's may be old.
 		a.log.Warn("cannot read the run records", "error", err)
 		return
 	}
+	// In the journal's order, the order they ran in: a chain's results
+	// reach the API in its order, in as few batches as fit.
+	batch := make([]pendingReport, 0, len(recs))
 	for _, rec := range recs {
 		if ctx.Err() != nil {
 			return
 		}
-		a.reportInterrupted(ctx, rec)
+		if rec.Phase == PhaseStarted {
+			batch = append(batch, a.interrupted(ctx, rec))
+			continue
+		}
+		if rec.Result == nil {
+			continue
+		}
+		log := a.recordLog(rec)
+		log.Info("reporting the result of a run the previous agent process finished and did not report")
+		// The end of its log was to ride on the report.
+		a.logShipper(log, recordItem(rec)).drain(ctx, a)
+		batch = append(batch, pendingReport{log: log, rec: rec, res: *rec.Result})
+	}
+	for len(batch) > 0 && ctx.Err() == nil {
+		n := min(len(batch), protocol.MaxRunResults)
+		a.flush(ctx, batch[:n], nil)
+		batch = batch[n:]
 	}
 	// Logs last: an interrupted run's log is shipped from its file above.
 	a.pruneLogs()
+}
+
+// recordLog is the agent's logger with a run record's attributes.
+func (a *agent) recordLog(rec *RunRecord) *slog.Logger {
+	return a.log.With("run", rec.RunID, "attempt", rec.Attempt, "task", rec.Task, "transaction", rec.TransactionID)
+}
+
+// recordItem is the work item a record was written for, as far as its log
+// file goes (see LogPather).
+func recordItem(rec *RunRecord) protocol.WorkItem {
+	return protocol.WorkItem{RunID: rec.RunID, Attempt: rec.Attempt, Task: rec.Task,
+		TransactionID: rec.TransactionID, NodeRoleID: rec.NodeRoleID, Type: rec.Type}
 }
 
 // pruneLogs removes the runs' log files older than LogRetention: at the
@@ -768,18 +918,24 @@ func (a *agent) pruneLoop(ctx context.Context) {
 // reportInterrupted stores and reports as failed a run that a previous
 // agent process started and never finished.
 func (a *agent) reportInterrupted(ctx context.Context, rec *RunRecord) {
-	log := a.log.With("run", rec.RunID, "attempt", rec.Attempt, "task", rec.Task, "transaction", rec.TransactionID)
+	a.submit(ctx, a.interrupted(ctx, rec))
+}
+
+// interrupted stores as failed a run that a previous agent process started
+// and never finished, and returns its report.
+func (a *agent) interrupted(ctx context.Context, rec *RunRecord) pendingReport {
+	log := a.recordLog(rec)
 	log.Warn("the agent stopped while this run was executing; reporting it failed instead of running it again",
 		"started", rec.UpdatedAt, "pid", rec.PID)
 	// What the interrupted run wrote is shipped first, from where the
 	// server's copy ends.
-	a.logShipper(log, protocol.WorkItem{RunID: rec.RunID, Attempt: rec.Attempt, Task: rec.Task,
-		TransactionID: rec.TransactionID, NodeRoleID: rec.NodeRoleID, Type: rec.Type}).drain(ctx, a)
+	a.logShipper(log, recordItem(rec)).drain(ctx, a)
 	now := time.Now().UTC()
 	res := protocol.RunResult{Attempt: rec.Attempt, ExitCode: -1, StartedAt: rec.UpdatedAt, FinishedAt: now,
 		Error: fmt.Sprintf("interrupted: the agent (pid %d) stopped while the run was executing (started %s); "+
 			"it is not run again by the agent, only a new attempt would run it", rec.PID, rec.UpdatedAt.Format(time.RFC3339))}
-	a.finish(ctx, log, rec, res)
+	a.store(log, rec, res)
+	return pendingReport{log: log, rec: rec, res: res}
 }
 
 func failedResult(item protocol.WorkItem, reason string) protocol.RunResult {
@@ -846,32 +1002,121 @@ func (l *laterLoop) wait() bool {
 	return true
 }
 
-// report sends a result, retrying network errors and 5xx until a 2xx, a
-// final 4xx, or the end of ctx. Runs the answer hands back are kept for
-// the work loop.
-func (a *agent) report(ctx context.Context, log *slog.Logger, runID int64, res protocol.RunResult) {
-	a.logReport(ctx, log, a.sendReport(ctx, runID, res))
+// flush reports results in the order they ran: in one batch (RunResults,
+// with the runs handed ahead that were not started released) when the
+// reporter takes batches, else one by one. An API without the batch route
+// (404 without an error envelope) gets results one by one from then on;
+// a batch refused otherwise for good (a 4xx) goes again one by one, so
+// that one result the API refuses does not cost the others, and a result
+// refused with the end of its log on it goes again without (reportOne).
+// The runs released then stay with the API until its lease ends, never
+// started here. Network errors and 5xx are retried with backoff; when the
+// agent is stopping, each request is made once.
+func (a *agent) flush(ctx context.Context, batch []pendingReport, released []protocol.WorkItem) {
+	if br, ok := a.rep.(BatchReporter); ok && !a.noBatches {
+		err := a.sendBatch(ctx, br, batch, released)
+		var apiErr *APIError
+		switch st := statusOf(err); {
+		case err == nil, st == http.StatusUnauthorized, !errors.As(err, &apiErr) || apiErr.Retryable():
+			for _, r := range batch {
+				a.logReport(ctx, r.log, err)
+			}
+			a.markReported(err, batch...)
+			return
+		case st == http.StatusNotFound && apiErr.Code == "":
+			a.noBatches = true
+			a.log.Info("the API takes no batches of results (an older server); reporting each on its own")
+		default:
+			a.log.Warn("the API refused a batch of results; reporting them one by one",
+				"status", st, "error", apiMessage(err), "results", len(batch))
+		}
+	}
+	for _, r := range batch {
+		a.reportOne(ctx, r)
+	}
 }
 
-// sendReport is report without the logging: the last error, nil once the
-// API took the result. A result the API did not take at the first try is
-// made durable before the agent waits to try again (retry): until the API
-// has it, the journal is its only copy.
-func (a *agent) sendReport(ctx context.Context, runID int64, res protocol.RunResult) error {
-	return a.retry(ctx, "reporting the result", func(ctx context.Context) error {
-		next, err := a.rep.Report(ctx, runID, res)
-		a.handBack(next)
+// sendBatch sends results in one RunResults (see flush); the runs its
+// answer hands back are kept for the work loop.
+func (a *agent) sendBatch(ctx context.Context, br BatchReporter, batch []pendingReport, released []protocol.WorkItem) error {
+	body := protocol.RunResults{Results: make([]protocol.RunReport, len(batch))}
+	for i, r := range batch {
+		body.Results[i] = protocol.RunReport{RunID: r.rec.RunID, RunResult: r.res}
+	}
+	if len(released) > 0 {
+		body.Released = make([]protocol.RunAttempt, len(released))
+		for i, item := range released {
+			body.Released[i] = protocol.RunAttempt{RunID: item.RunID, Attempt: item.Attempt}
+		}
+	}
+	return a.send(ctx, "reporting the results", func(ctx context.Context) error {
+		resp, err := br.ReportBatch(ctx, body)
+		if err == nil {
+			a.handBackAnswer(resp, time.Now())
+		}
 		return err
 	})
 }
 
-// reportOnce makes one attempt, for a run interrupted by the agent stopping.
-func (a *agent) reportOnce(ctx context.Context, log *slog.Logger, runID int64, res protocol.RunResult) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	next, err := a.rep.Report(rctx, runID, res)
-	a.handBack(next)
-	a.logReport(rctx, log, err) // the journal is synced when it is closed, as the agent stops
+// reportOne reports one result on its own. A report refused with the log
+// on it (an API that cannot take it after all, a body past its limit, a
+// gap in the server's copy of the log) is not the end of the result: the
+// log goes in log requests, then the result is reported again without it.
+func (a *agent) reportOne(ctx context.Context, r pendingReport) {
+	report := func(res protocol.RunResult) error {
+		return a.send(ctx, "reporting the result", func(ctx context.Context) error {
+			next, err := a.rep.Report(ctx, r.rec.RunID, res)
+			a.handBack(next)
+			return err
+		})
+	}
+	err := report(r.res)
+	if st := statusOf(err); r.res.Log != nil && st >= 400 && st < 500 && st != http.StatusUnauthorized {
+		r.log.Info("the API refused the result with the end of the log on it; shipping the log on its own, then the result again",
+			"status", st, "error", apiMessage(err))
+		r.tail.drain(ctx, a)
+		res := r.res
+		res.Log = nil
+		err = report(res)
+	}
+	a.logReport(ctx, r.log, err)
+	a.markReported(err, r)
+}
+
+// send calls f until the API has answered for good, retrying network
+// errors and 5xx with backoff (retry, which makes the journal durable
+// before any wait: until the API has a result, the journal is its only
+// copy). When the agent is stopping, f is called once, with a few seconds
+// of its own.
+func (a *agent) send(ctx context.Context, what string, f func(context.Context) error) error {
+	if ctx.Err() != nil {
+		// The journal is synced when it is closed, as the agent stops.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		return f(rctx)
+	}
+	return a.retry(ctx, what, f)
+}
+
+// markReported marks in the journal the records of results the API has
+// answered for good: taken (err nil), or refused with a final 4xx, which
+// sending them again at the next start would only repeat. A credential
+// refused (401), a network error or a stop leaves them to be reported by
+// the next process.
+func (a *agent) markReported(err error, reports ...pendingReport) {
+	var apiErr *APIError
+	if err != nil && (!errors.As(err, &apiErr) || apiErr.Retryable() || apiErr.Status == http.StatusUnauthorized) {
+		return
+	}
+	var recs []*RunRecord
+	for _, r := range reports {
+		if r.rec.ReportPending {
+			recs = append(recs, r.rec)
+		}
+	}
+	if err := a.records.MarkReported(recs...); err != nil {
+		a.log.Warn("cannot mark results reported in the run journal; the next agent process reports them again", "error", err)
+	}
 }
 
 // syncRecords makes the run journal's unsynced results durable.
@@ -888,38 +1133,65 @@ func (a *agent) handBack(items []protocol.WorkItem) {
 	}
 	a.handedMu.Lock()
 	defer a.handedMu.Unlock()
-	a.handed = append(a.handed, items...)
+	for _, item := range items {
+		a.handed = append(a.handed, queued{item: item})
+	}
+}
+
+// handBackAnswer keeps the runs a batch's answer (received at received)
+// hands back for the work loop: when it hands them ahead, the first is
+// queued heading the others, which start only as goesOn allows.
+func (a *agent) handBackAnswer(resp protocol.RunResultResponse, received time.Time) {
+	if resp.AheadMs <= 0 || len(resp.Runs) == 0 {
+		a.handBack(resp.Runs)
+		return
+	}
+	l := &aheadList{rest: resp.Runs[1:], until: received.Add(time.Duration(resp.AheadMs) * time.Millisecond)}
+	a.handedMu.Lock()
+	defer a.handedMu.Unlock()
+	a.handed = append(a.handed, queued{item: resp.Runs[0], ahead: l})
 }
 
 // takeHandedBack returns the runs handed back since the last call.
-func (a *agent) takeHandedBack() []protocol.WorkItem {
+func (a *agent) takeHandedBack() []queued {
 	a.handedMu.Lock()
 	defer a.handedMu.Unlock()
-	items := a.handed
+	runs := a.handed
 	a.handed = nil
-	return items
+	return runs
 }
 
 func (a *agent) logReport(ctx context.Context, log *slog.Logger, err error) {
 	switch st := statusOf(err); {
 	case err == nil:
 		log.Info("result reported")
-	case ctx.Err() != nil:
-		log.Warn("agent stopping; result not reported", "error", err)
 	case st == http.StatusUnauthorized:
 		a.fatal(a.credentialRejected(err))
-	case st >= 400 && st < 500:
+	case st >= 400 && st < 500 && !isRetryableStatus(err):
 		log.Warn("the API refused the result", "status", st, "error", apiMessage(err))
+	case ctx.Err() != nil:
+		log.Warn("agent stopping; result not reported", "error", err)
 	default:
 		log.Warn("result not reported", "error", err)
 	}
 }
 
+// isRetryableStatus reports whether err is an API answer worth trying
+// again later (APIError.Retryable).
+func isRetryableStatus(err error) bool {
+	var apiErr *APIError
+	return errors.As(err, &apiErr) && apiErr.Retryable()
+}
+
 // abandon reports runs that were handed out but not started because the
 // agent is stopping, best effort, and records them so that a later offer
-// of the same attempt reports the same.
-func (a *agent) abandon(ctx context.Context, items []protocol.WorkItem) {
-	for _, item := range items {
+// of the same attempt reports the same. Runs handed ahead behind one of
+// them are released with its report.
+func (a *agent) abandon(ctx context.Context, runs []queued) {
+	defer func() { a.ahead = nil }()
+	for _, q := range runs {
+		item := q.item
+		a.ahead = q.ahead
 		rec, err := a.records.LoadRun(item.RunID, item.Attempt)
 		if err != nil || (rec != nil && rec.Phase != PhaseReceived) {
 			continue // known already: handled when offered again

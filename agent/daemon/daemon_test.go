@@ -62,7 +62,8 @@ type fakeAPI struct {
 	software          []protocol.SoftwareDeployment
 	softwareVersion   int // bumped at every listing, so the agent sees it again
 	signals           map[int64][]protocol.SoftwareSignal
-	logs              *fakeLogs // the run logs shipped (logship_test.go)
+	logs              *fakeLogs   // the run logs shipped (logship_test.go)
+	batch             fakeBatches // the batch route (batch_test.go)
 }
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -90,6 +91,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	mux.HandleFunc("GET "+protocol.PathWork, f.work)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunHeartbeat, "%d", "{id}", 1), f.runHeartbeat)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunResult, "%d", "{id}", 1), f.result)
+	mux.HandleFunc("POST "+protocol.PathRunResults, f.batchResults)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunAck, "%d", "{id}", 1), f.ack)
 	mux.HandleFunc("POST "+strings.Replace(protocol.PathRunLog, "%d", "{id}", 1), f.runLog)
 	mux.HandleFunc("GET "+protocol.PathSoftwareDeployments, f.softwareDeployments)
@@ -280,17 +282,7 @@ func (f *fakeAPI) result(w http.ResponseWriter, r *http.Request) {
 		apiError(w, f.refuseResultLog, "invalid_input", `json: unknown field "log"`)
 		return
 	}
-	if res.Log != nil {
-		// The end of the log, sent with the result: stored as a log
-		// request's chunk would be.
-		k := logKey{id, res.Attempt}
-		f.logs.withResult[k]++
-		if size, ok := f.logs.store(k, res.Log.Offset, res.Log.Data); !ok {
-			f.t.Errorf("run %d: the log sent with the result starts at %d, past %d", id, res.Log.Offset, size)
-		}
-		res.Log = nil
-	}
-	f.results[id] = append(f.results[id], res)
+	f.keepResult(id, res)
 	if st := f.resultStatus[id]; st != 0 {
 		apiError(w, st, "conflict", fmt.Sprintf("run %d was not awaiting a result", id))
 		return
@@ -301,6 +293,20 @@ func (f *fakeAPI) result(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// keepResult records a run's result; the end of the log sent with it is
+// stored as a log request's chunk would be. The caller holds mu.
+func (f *fakeAPI) keepResult(id int64, res protocol.RunResult) {
+	if res.Log != nil {
+		k := logKey{id, res.Attempt}
+		f.logs.withResult[k]++
+		if size, ok := f.logs.store(k, res.Log.Offset, res.Log.Data); !ok {
+			f.t.Errorf("run %d: the log sent with the result starts at %d, past %d", id, res.Log.Offset, size)
+		}
+		res.Log = nil
+	}
+	f.results[id] = append(f.results[id], res)
 }
 
 func (f *fakeAPI) ack(w http.ResponseWriter, r *http.Request) {

@@ -28,6 +28,15 @@ package daemon
 // phase and time), not the records: results carry output tails, and a busy
 // node keeps a week of them.
 //
+// A result is written marked ReportPending; once the API has taken it, the
+// record is appended again without the mark (MarkReported, unsynced, one
+// write for a whole batch of results). An agent killed in between (a
+// chain's results kept for one batch while its runs handed ahead go on)
+// leaves the mark: the next process reports those results at its start,
+// with the runs left started, in the journal's order, which is the order
+// they ran in. Records of agents before the mark lack it and count as
+// reported; agents before it ignore it (lines are decoded leniently).
+//
 // A crash while a line is appended leaves it torn at the journal's end. The
 // next process reading the journal cuts it off before it appends, and the
 // attempt's line before it stands. The command starts only once its started
@@ -39,9 +48,9 @@ package daemon
 // The journal stays small: Prune, at the agent's start, and the append of
 // a result that takes the journal past Records.CompactSize (or past twice
 // its size after the last compaction, if that is more) rewrite it with
-// only the last line of each attempt that is recent (RecordRetention) or
-// still started. Only the agent holding the work directory's lock
-// (lockWorkDir) compacts it.
+// only the last line of each attempt that is recent (RecordRetention),
+// still started or still to be reported. Only the agent holding the work
+// directory's lock (lockWorkDir) compacts it.
 //
 // Agents before the journal kept a file per attempt, run-<id>.<attempt>.json
 // (RunRecordPath), whose last whole line was the record; such a file is
@@ -116,6 +125,10 @@ type RunRecord struct {
 	UpdatedAt time.Time `json:"updated_at"`
 	// Result is set once the phase is finished.
 	Result *protocol.RunResult `json:"result,omitempty"`
+	// ReportPending is true on a finished record whose result the API
+	// has not taken yet; MarkReported appends the record again with it
+	// false. Records written before it existed lack it: reported.
+	ReportPending bool `json:"report_pending,omitempty"`
 }
 
 // SoftwareRecord is what the agent keeps on disk about one round of a
@@ -170,12 +183,13 @@ type journal struct {
 var fdatasync = unix.Fdatasync
 
 // journalEntry is where an attempt's last line is in the journal, and what
-// compaction and Unfinished need to know of it without reading it.
+// compaction and Unreported need to know of it without reading it.
 type journalEntry struct {
 	off     int64
 	n       int // the line's length, without its newline
 	phase   string
 	updated time.Time
+	pending bool // the record's ReportPending
 }
 
 // RunRecordPath returns where agents before the journal kept the record of
@@ -231,6 +245,21 @@ func (r *Records) SaveRun(rec *RunRecord) error { return r.saveRun(rec, true) }
 // for the API (agent.retry), and at Close.
 func (r *Records) SaveRunUnsynced(rec *RunRecord) error { return r.saveRun(rec, false) }
 
+// MarkReported appends the records of results the API has taken again with
+// ReportPending false, so that the next agent process does not report them
+// again: all in one write, unsynced (a host crash that loses the lines
+// makes the next process send the results again, which the API answers as
+// it did the first time).
+func (r *Records) MarkReported(recs ...*RunRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	for _, rec := range recs {
+		rec.ReportPending = false
+	}
+	return r.saveRuns(recs, false)
+}
+
 // Sync makes the journal's unsynced lines (SaveRunUnsynced) durable; it
 // does nothing when there are none.
 func (r *Records) Sync() error {
@@ -246,10 +275,27 @@ func (r *Records) Sync() error {
 }
 
 func (r *Records) saveRun(rec *RunRecord, durable bool) error {
-	rec.PID, rec.UpdatedAt = os.Getpid(), time.Now().UTC()
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("encode record: %w", err)
+	return r.saveRuns([]*RunRecord{rec}, durable)
+}
+
+// saveRuns appends recs to the journal, one line each, in one write.
+func (r *Records) saveRuns(recs []*RunRecord, durable bool) error {
+	pid, now := os.Getpid(), time.Now().UTC()
+	var data []byte
+	lens := make([]int, len(recs))
+	for i, rec := range recs {
+		rec.PID, rec.UpdatedAt = pid, now
+		line, err := json.Marshal(rec)
+		if err != nil {
+			return fmt.Errorf("encode record: %w", err)
+		}
+		lens[i] = len(line)
+		if data == nil {
+			data = line // a single record is not copied
+		} else {
+			data = append(data, line...)
+		}
+		data = append(data, '\n')
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -257,15 +303,16 @@ func (r *Records) saveRun(rec *RunRecord, durable bool) error {
 	if err != nil {
 		return err
 	}
-	if err := j.append(data, rec, durable); err != nil {
+	last := recs[len(recs)-1]
+	if err := j.append(data, recs, lens, durable); err != nil {
 		// A line may be half written: the journal is read again, and
 		// the torn line cut off, before the next append.
 		r.closeJournal()
-		return fmt.Errorf("write record of run %d attempt %d to %s: %w", rec.RunID, rec.Attempt, r.journalPath(), err)
+		return fmt.Errorf("write record of run %d attempt %d to %s: %w", last.RunID, last.Attempt, r.journalPath(), err)
 	}
 	// Compacted after a result, not between a run's acknowledgement and
 	// the start of its command.
-	if rec.Phase != PhaseStarted && j.end > j.compactAt {
+	if last.Phase != PhaseStarted && j.end > j.compactAt {
 		if err := r.compact(j, time.Now().Add(-RecordRetention)); err != nil {
 			// Tried again once the journal has doubled, not at every
 			// append (a full disk would make each one a rewrite).
@@ -303,27 +350,23 @@ func (r *Records) SaveSoftware(rec *SoftwareRecord) error {
 // finished: a previous agent process died while running them. Older
 // agents' record files count too, unless the journal has a later record
 // of the same attempt.
-func (r *Records) Unfinished() ([]*RunRecord, error) {
+func (r *Records) Unfinished() ([]*RunRecord, error) { return r.unreported(false) }
+
+// Unreported lists the run records whose result the API may not have, in
+// the order they were written (the order the runs ran in): those
+// Unfinished lists, and the finished ones still marked ReportPending (a
+// process died before the API took their results).
+func (r *Records) Unreported() ([]*RunRecord, error) { return r.unreported(true) }
+
+func (r *Records) unreported(pending bool) ([]*RunRecord, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j, err := r.current()
 	if err != nil {
 		return nil, err
 	}
+	// Older agents' record files first: the journal came after them.
 	var out []*RunRecord
-	for _, e := range j.entries() {
-		if e.phase != PhaseStarted {
-			continue
-		}
-		rec, err := j.record(e)
-		if err != nil {
-			// One bad record does not keep the others from being
-			// reported; its run, offered again, is dealt with then.
-			r.logger().Warn("a started run's record in the journal is unreadable", "journal", r.journalPath(), "error", err)
-			continue
-		}
-		out = append(out, rec)
-	}
 	paths, err := filepath.Glob(filepath.Join(r.Dir, "run-*.json"))
 	if err != nil {
 		return nil, fmt.Errorf("list run records: %w", err)
@@ -336,6 +379,19 @@ func (r *Records) Unfinished() ([]*RunRecord, error) {
 		if _, inJournal := j.index[runKey{rec.RunID, rec.Attempt}]; rec.Phase == PhaseStarted && !inJournal {
 			out = append(out, &rec)
 		}
+	}
+	for _, e := range j.entries() {
+		if e.phase != PhaseStarted && !(pending && e.pending && e.phase == PhaseFinished) {
+			continue
+		}
+		rec, err := j.record(e)
+		if err != nil {
+			// One bad record does not keep the others from being
+			// reported; its run, offered again, is dealt with then.
+			r.logger().Warn("an unreported run's record in the journal is unreadable", "journal", r.journalPath(), "error", err)
+			continue
+		}
+		out = append(out, rec)
 	}
 	return out, nil
 }
@@ -478,7 +534,8 @@ func (r *Records) compactSize() int64 {
 
 // compact rewrites the journal with the last line of each attempt written
 // at or after cutoff, or still started whatever its age (a run that a dead
-// agent left, to report interrupted, or one running now): superseded
+// agent left, to report interrupted, or one running now), or still to be
+// reported (ReportPending: the next start reports it): superseded
 // lines, unreadable ones and old records go. The new journal is written
 // whole and synced, renamed over the old one, and opened anew (which syncs
 // the directory) before anything is appended to it. A journal with
@@ -486,7 +543,7 @@ func (r *Records) compactSize() int64 {
 func (r *Records) compact(j *journal, cutoff time.Time) error {
 	var keep []journalEntry
 	for _, e := range j.entries() {
-		if e.phase == PhaseStarted || !e.updated.Before(cutoff) {
+		if e.phase == PhaseStarted || e.pending || !e.updated.Before(cutoff) {
 			keep = append(keep, e)
 		}
 	}
@@ -541,15 +598,16 @@ func (j *journal) read() (tail int64, err error) {
 // record (garbled) is skipped; compaction drops it.
 func (j *journal) add(off int64, line []byte) {
 	var h struct {
-		RunID     int64     `json:"run_id"`
-		Attempt   int       `json:"attempt"`
-		Phase     string    `json:"phase"`
-		UpdatedAt time.Time `json:"updated_at"`
+		RunID         int64     `json:"run_id"`
+		Attempt       int       `json:"attempt"`
+		Phase         string    `json:"phase"`
+		UpdatedAt     time.Time `json:"updated_at"`
+		ReportPending bool      `json:"report_pending"`
 	}
 	if json.Unmarshal(line, &h) != nil {
 		return
 	}
-	j.index[runKey{h.RunID, h.Attempt}] = journalEntry{off: off, n: len(line), phase: h.Phase, updated: h.UpdatedAt}
+	j.index[runKey{h.RunID, h.Attempt}] = journalEntry{off: off, n: len(line), phase: h.Phase, updated: h.UpdatedAt, pending: h.ReportPending}
 }
 
 // sync makes the lines appended unsynced durable; it does nothing when
@@ -565,14 +623,14 @@ func (j *journal) sync() error {
 	return nil
 }
 
-// append writes data, rec encoded, as a line at the journal's end and,
-// if durable, syncs the journal. Where the line went is what the file
+// append writes data, recs encoded as lines (lens[i] the length of rec
+// i's, without its newline), at the journal's end in one write and, if
+// durable, syncs the journal. Where the lines went is what the file
 // offset says after the write (on Linux, the end of what an O_APPEND write
 // wrote): should another Records have appended since the journal was last
 // read, its lines are read too.
-func (j *journal) append(data []byte, rec *RunRecord, durable bool) error {
-	line := append(data, '\n')
-	if _, err := j.f.Write(line); err != nil {
+func (j *journal) append(data []byte, recs []*RunRecord, lens []int, durable bool) error {
+	if _, err := j.f.Write(data); err != nil {
 		return err
 	}
 	end, err := j.f.Seek(0, io.SeekCurrent)
@@ -585,15 +643,18 @@ func (j *journal) append(data []byte, rec *RunRecord, durable bool) error {
 		}
 	}
 	j.unsynced = !durable
-	if off := end - int64(len(line)); off != j.end {
+	if off := end - int64(len(data)); off != j.end {
 		_, err := j.read()
 		return err
 	}
-	// Indexed from rec: decoding the line again would scan its output
-	// tails for four fields.
-	j.index[runKey{rec.RunID, rec.Attempt}] = journalEntry{off: j.end, n: len(data), phase: rec.Phase, updated: rec.UpdatedAt}
-	j.end = end
-	j.lines++
+	// Indexed from recs: decoding the lines again would scan their
+	// output tails for five fields.
+	for i, rec := range recs {
+		j.index[runKey{rec.RunID, rec.Attempt}] = journalEntry{off: j.end, n: lens[i], phase: rec.Phase,
+			updated: rec.UpdatedAt, pending: rec.ReportPending}
+		j.end += int64(lens[i]) + 1
+		j.lines++
+	}
 	return nil
 }
 

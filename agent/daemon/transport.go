@@ -97,10 +97,11 @@ type HTTPTransport struct {
 }
 
 var (
-	_ WorkSource = (*HTTPTransport)(nil)
-	_ Reporter   = (*HTTPTransport)(nil)
-	_ Acker      = (*HTTPTransport)(nil)
-	_ LogShipper = (*HTTPTransport)(nil)
+	_ WorkSource    = (*HTTPTransport)(nil)
+	_ Reporter      = (*HTTPTransport)(nil)
+	_ Acker         = (*HTTPTransport)(nil)
+	_ BatchReporter = (*HTTPTransport)(nil)
+	_ LogShipper    = (*HTTPTransport)(nil)
 )
 
 // Register phones home for the first time, authenticated by an enrollment
@@ -138,6 +139,17 @@ func (t *HTTPTransport) Report(ctx context.Context, runID int64, res protocol.Ru
 	var resp protocol.RunResultResponse
 	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunResult, runID), nil, t.Token, t.timeout(), res, &resp)
 	return resp.Runs, err
+}
+
+// ReportBatch sends several finished runs' results in one request (POST
+// PathRunResults), in the order they ran, with the runs handed ahead that
+// were not started (Released), and returns the API's answer to the last
+// result: the runs it hands back, and with AheadMs > 0 handed ahead. An
+// API without the route answers 404 without an error envelope.
+func (t *HTTPTransport) ReportBatch(ctx context.Context, batch protocol.RunResults) (protocol.RunResultResponse, error) {
+	var resp protocol.RunResultResponse
+	err := t.do(ctx, http.MethodPost, protocol.PathRunResults, nil, t.Token, t.timeout(), batch, &resp)
+	return resp, err
 }
 
 // Ack tells the API the agent took delivery of a run's attempt, so that it
