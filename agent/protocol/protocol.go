@@ -201,13 +201,24 @@ func (w WorkItem) Timeout() time.Duration { return time.Duration(w.TimeoutSec) *
 // run's current one is refused with 409, and the agent must not run it.
 type RunAck struct {
 	Attempt int `json:"attempt"`
+	// Ahead says that the agent runs runs handed ahead (see
+	// RunResultResponse.AheadMs): when the run heads a chain, the answer
+	// may hand the chain's next runs ahead with it. Absent from agents
+	// that do not.
+	Ahead bool `json:"ahead,omitempty"`
 }
 
 // RunAckResponse confirms an acknowledgement. Cancel is true when the run
 // is no longer awaited (the transaction stopped): the agent should not
-// start it.
+// start it. Runs and AheadMs, given only to an ack that asked (Ahead),
+// are the chain's runs after this one handed ahead, as in
+// RunResultResponse: each starts only if the one before it (the first:
+// the acknowledged run) succeeded with no outputs and no attributes
+// handed back, and only within AheadMs of the answer.
 type RunAckResponse struct {
-	Cancel bool `json:"cancel"`
+	Cancel  bool       `json:"cancel"`
+	Runs    []WorkItem `json:"runs,omitempty"`
+	AheadMs int        `json:"ahead_ms,omitempty"`
 }
 
 // RunResultResponse answers a run's report with the run's state. When the
@@ -242,7 +253,9 @@ type RunResultResponse struct {
 // runs handed ahead that it did not start (Released), which it will never
 // start. The answer is the RunResultResponse of the last result; it may
 // hand runs ahead again. Sent again (its answer lost), it changes nothing
-// the first one did and hands the same runs back.
+// the first one did and hands the same runs back. A batch with no result
+// only releases runs (the ahead window closed while a run went on): its
+// answer is empty.
 type RunResults struct {
 	Results  []RunReport  `json:"results"`
 	Released []RunAttempt `json:"released,omitempty"`
