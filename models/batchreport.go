@@ -66,16 +66,28 @@ var batchReportSQL = `WITH RECURSIVE v AS (
   RETURNING run_id
 ), last AS (
   SELECT res.* FROM res WHERE res.o = cardinality(@ids::bigint[])
-), walk(id, n) AS (
+), ` + aheadCTEs("JOIN v ON v.o = last.o WHERE @dispatch AND v.state = 'succeeded' AND") + `
+SELECT 0 AS n, %[1]s, EXISTS (SELECT 1 FROM chunk WHERE chunk.run_id = res.id) AS log_stored FROM res
+UNION ALL
+SELECT n, %[2]s, false FROM next d
+ORDER BY n`
+
+// aheadCTEs hand up to @ahead of a chain's runs ahead to the agent, after
+// the run last (a CTE of one row with the columns of resultColumns): walk
+// follows the chain from last, through runs that may be handed ahead
+// (aheadableSQL; first adds to the first step's condition, ending in AND),
+// and next dispatches them, each as reportSQL dispatches one, with the
+// chain's token and its inputs hash when no run has left outputs (its
+// runs see none: the agent starts none after one that left some).
+func aheadCTEs(first string) string {
+	return `walk(id, n) AS (
   SELECT d.id, 1 FROM last JOIN task_runs d ON d.id = last.chain_next AND d.chain_head = last.chain_head
-  JOIN v ON v.o = last.o
-  WHERE @dispatch AND v.state = 'succeeded' AND NOT ` + outputsLeftSQL("d.transaction_id") + ` AND ` + aheadableSQL + `
+  ` + first + ` NOT ` + outputsLeftSQL("d.transaction_id") + ` AND ` + aheadableSQL + `
   UNION ALL
   SELECT d.id, w.n + 1 FROM walk w JOIN task_runs p ON p.id = w.id
   JOIN task_runs d ON d.id = p.chain_next AND d.chain_head = p.chain_head
   WHERE w.n < @ahead AND ` + aheadableSQL + `
 ), next AS (
-  -- dispatch's UPDATE of a run handed back, with its token and hash here
   UPDATE task_runs d SET state = 'running', attempt = d.attempt + 1, task_token = last.task_token,
     claimed_at = now(), acked_at = now(), lease_until = now() + make_interval(secs => @lease),
     started_at = now(), finished_at = NULL, exit_code = NULL, error = '', updated_at = now(),
@@ -85,11 +97,8 @@ var batchReportSQL = `WITH RECURSIVE v AS (
   -- committed since the walk read it
   WHERE d.id = walk.id AND d.state = 'pending' AND d.chain_head = last.chain_head
   RETURNING walk.n, d.*
-)
-SELECT 0 AS n, %[1]s, EXISTS (SELECT 1 FROM chunk WHERE chunk.run_id = res.id) AS log_stored FROM res
-UNION ALL
-SELECT n, %[2]s, false FROM next d
-ORDER BY n`
+)`
+}
 
 // aheadableSQL says whether run d of a chain may be handed ahead: pending,
 // its node still there, and not a run LCM would skip (see reportSQL).
@@ -131,7 +140,8 @@ type BatchReport struct {
 
 // ReportRuns stores a batch of an agent's reports of its node's runs
 // (protocol.RunResults): the results in the order they ran, the runs
-// released (handed ahead and not started: pending again), and, when the
+// released (handed ahead and not started: pending again; a batch may do
+// only that, and then returns a BatchReport with no Run), and, when the
 // last result lets its chain go on, its next run and up to ahead-1 more
 // handed ahead (BatchReport.Ahead). The common batch (every run still
 // running at the attempt reported, each log absent or a first chunk) is
@@ -140,11 +150,14 @@ type BatchReport struct {
 // ReportRun's general path stores it (a refused one refuses the batch:
 // nothing is written), and the chain's next run (continueChain).
 func (s *Store) ReportRuns(ctx context.Context, nodeID int64, batch protocol.RunResults, lease time.Duration, ahead int) (*BatchReport, error) {
-	if len(batch.Results) == 0 {
-		return nil, Invalid("results", "must hold at least one result")
+	if len(batch.Results) == 0 && len(batch.Released) == 0 {
+		return nil, Invalid("results", "must hold at least one result, or released a run")
 	}
 	if len(batch.Results) > protocol.MaxRunResults {
 		return nil, Invalid("results", "holds %d results; at most %d", len(batch.Results), protocol.MaxRunResults)
+	}
+	if len(batch.Released) > MaxAheadRuns {
+		return nil, Invalid("released", "names %d runs; at most %d are handed ahead at once", len(batch.Released), MaxAheadRuns)
 	}
 	for i, r := range batch.Released {
 		if err := checkAttempt(r.Attempt, false); err != nil {
@@ -152,6 +165,11 @@ func (s *Store) ReportRuns(ctx context.Context, nodeID int64, batch protocol.Run
 		}
 	}
 	db := s.DB.WithContext(ctx)
+	if len(batch.Results) == 0 {
+		// The ahead window closed while a run went on: its runs not
+		// started go back.
+		return &BatchReport{}, releaseRuns(db, nodeID, batch.Released)
+	}
 	runs, err := s.resultsOf(db, nodeID, batch.Results)
 	if err != nil {
 		return nil, err
@@ -358,4 +376,53 @@ func batchReport(db *gorm.DB, nodeID int64, batch protocol.RunResults, runs []*T
 		}
 	}
 	return out, true, nil
+}
+
+// handAheadSQL hands up to @ahead of a chain's runs ahead after run
+// @run, running at @attempt on node @node: what an acknowledgement that
+// asks for them (protocol.RunAck.Ahead) gets back.
+var handAheadSQL = `WITH RECURSIVE last AS (
+  SELECT ` + resultColumns + ` FROM task_runs
+  WHERE id = @run AND node_id = @node AND attempt = @attempt AND state = 'running'
+), ` + aheadCTEs("WHERE") + `
+SELECT %[2]s FROM next d ORDER BY n`
+
+// handAheadStatement is handAheadSQL ready to run.
+var handAheadStatement = sync.OnceValue(func() reportQuery { return reportQueryOf(handAheadSQL) })
+
+// HandAhead hands up to ahead of the chain's runs after run (acknowledged
+// by its node's agent, running at attempt) ahead to that agent, in one
+// statement, as ReportRuns does after a report: each pending and still
+// linked, not skipped by LCM, seeing no outputs. It returns them in
+// order, none when run is in no chain, ends it, or the runs after it are
+// not to be handed out yet.
+func (s *Store) HandAhead(ctx context.Context, nodeID, runID int64, attempt int, lease time.Duration, ahead int) ([]TaskRun, error) {
+	q := handAheadStatement()
+	args, err := positionalArgs(q.params, map[string]any{"run": runID, "node": nodeID, "attempt": attempt,
+		"ahead": max(ahead, 1), "lease": ackLeaseOr(lease).Seconds()})
+	if err != nil {
+		return nil, fmt.Errorf("hand ahead the runs after run %d: %w", runID, err)
+	}
+	rows, err := rawPositional(s.DB.WithContext(ctx), q.sql, args).Rows()
+	if err != nil {
+		return nil, fmt.Errorf("hand ahead the runs after run %d: %w", runID, err)
+	}
+	defer rows.Close()
+	var out []TaskRun
+	for rows.Next() {
+		var row TaskRun
+		dests, err := row.taskRunDests(q.columns)
+		if err != nil {
+			return nil, err
+		}
+		if err := rows.Scan(dests...); err != nil {
+			return nil, fmt.Errorf("read the runs handed ahead after run %d: %w", runID, err)
+		}
+		row.Context = noOutputsContext()
+		out = append(out, row)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the runs handed ahead after run %d: %w", runID, err)
+	}
+	return out, nil
 }

@@ -518,3 +518,31 @@ func TestChainCutWithARunHandedAhead(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunPending}, states)
 }
+
+// An acknowledgement that asks for them gets the chain's next runs handed
+// ahead (HandAhead), in one statement; a batch with no result releases
+// them.
+func TestHandAheadAtTheAck(t *testing.T) {
+	f, txn, setup, db, first := chainOfSetupAndDB(t)
+	statements := countStatements(t, f, func(string) bool { return true })
+	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, statements.Load())
+	require.Len(t, ahead, 1)
+	assert.Equal(t, db.ID, ahead[0].ID)
+	assert.Equal(t, 1, ahead[0].Attempt)
+	assert.Equal(t, "echo db", ahead[0].Spec.Cmd, "the whole row, for the work item")
+	again, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.Empty(t, again, "handed ahead once")
+	none, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt+1, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.Empty(t, none, "another attempt")
+
+	_, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Released: []protocol.RunAttempt{{RunID: db.ID, Attempt: 1}}}, time.Minute, 1)
+	require.NoError(t, err)
+	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
+	assert.Equal(t, contract.RunPending, got.State, "released")
+	assert.Equal(t, 0, got.Attempt)
+	assert.Equal(t, contract.RunRunning, f.RunsByLabel(t, txn)["setup@"+storetest.CtlName].State, "the run going on is untouched")
+}

@@ -388,19 +388,32 @@ func (s *Server) agentRunAck(c echo.Context) error {
 	if run.State != contract.RunRunning {
 		return apiError(http.StatusConflict, "run_not_running", fmt.Sprintf("run %d is %s, not running: do not execute it", runID, run.State))
 	}
-	if run.ChainHead != nil && *run.ChainHead != run.ID {
-		// A chain's run after its first: the chain's activity is
-		// heartbeated by heartbeatChain as often as it needs (each heartbeat
-		// is a write on the Temporal server; the agent's run heartbeats
-		// cover a long run).
-		return c.JSON(http.StatusOK, protocol.RunAckResponse{})
+	var answer protocol.RunAckResponse
+	if run.ChainHead == nil || *run.ChainHead == run.ID {
+		// A chain's run after its first is not heartbeated here: the
+		// chain's activity is heartbeated by heartbeatChain as often as it
+		// needs (each heartbeat is a write on the Temporal server; the
+		// agent's run heartbeats cover a long run).
+		if answer.Cancel, err = s.activityHeartbeat(ctx, run); err != nil {
+			// The acknowledgement is stored; the run heartbeats will follow.
+			s.log.Warn("run acknowledged but its activity heartbeat failed", "run", runID, "error", err)
+		}
 	}
-	cancel, err := s.activityHeartbeat(ctx, run)
-	if err != nil {
-		// The acknowledgement is stored; the run heartbeats will follow.
-		s.log.Warn("run acknowledged but its activity heartbeat failed", "run", runID, "error", err)
+	if req.Ahead && !answer.Cancel && run.ChainHead != nil && run.ChainNext != nil {
+		// The chain's next runs go ahead with the acknowledgement: no
+		// report of this run alone to get them.
+		ahead, err := s.cfg.Store.HandAhead(ctx, principal(c).NodeID, runID, req.Attempt, s.ackLease(), models.MaxAheadRuns)
+		if err != nil {
+			return err
+		}
+		if answer.Runs, err = s.aheadItems(ctx, ahead); err != nil {
+			return err
+		}
+		if len(answer.Runs) > 0 {
+			answer.AheadMs = int(aheadWindow / time.Millisecond)
+		}
 	}
-	return c.JSON(http.StatusOK, protocol.RunAckResponse{Cancel: cancel})
+	return c.JSON(http.StatusOK, answer)
 }
 
 // activityHeartbeat records a heartbeat of a run's activity, its details
@@ -532,6 +545,9 @@ func (s *Server) agentRunResults(c echo.Context) error {
 	if err != nil {
 		return logOffsetConflict(err, "log.offset")
 	}
+	if len(batch.Results) == 0 {
+		return c.JSON(http.StatusOK, protocol.RunResultResponse{}) // runs released, nothing else
+	}
 	return s.answerReport(c, rec, batch.Results[len(batch.Results)-1].RunResult)
 }
 
@@ -548,13 +564,11 @@ func (s *Server) answerReport(c echo.Context, rec *models.BatchReport, res proto
 		return s.log.With("transaction", run.TransactionID, "node", run.NodeName, "task", run.TaskName, "run", run.ID, "attempt", run.Attempt)
 	}
 	next, fresh, err := s.heartbeatChain(ctx, run, rec.Next, rec.Fresh)
-	if len(rec.Ahead) > 0 && (next == nil || !fresh) {
+	if next == nil || !fresh {
 		// The chain ends here after all (its activity cancelled or
 		// gone): the runs handed ahead go back with the next one.
-		for i := range rec.Ahead {
-			if _, terr := s.cfg.Store.TakeBackHandBack(ctx, &rec.Ahead[i]); terr != nil {
-				return terr
-			}
+		if terr := s.takeBack(ctx, rec.Ahead); terr != nil {
+			return terr
 		}
 		rec.Ahead = nil
 	}
@@ -570,13 +584,20 @@ func (s *Server) answerReport(c echo.Context, rec *models.BatchReport, res proto
 		if fresh {
 			// The next run goes back with the answer, taken by this
 			// agent: no wake-up and poll of its own, and no ack.
-			work, err := s.workResponse(ctx, append([]models.TaskRun{*next}, rec.Ahead...))
+			work, err := s.workResponse(ctx, []models.TaskRun{*next})
 			if err != nil {
 				return err
 			}
 			answer.Runs = work.Runs
-			if len(rec.Ahead) > 0 {
+			if len(answer.Runs) == 1 && len(rec.Ahead) > 0 {
+				ahead, err := s.aheadItems(ctx, rec.Ahead)
+				if err != nil {
+					return err
+				}
+				answer.Runs = append(answer.Runs, ahead...)
 				answer.AheadMs = int(aheadWindow / time.Millisecond)
+			} else if err := s.takeBack(ctx, rec.Ahead); err != nil {
+				return err // the next run was not handed out: nor are those after it
 			}
 		} else if item, err := s.workItem(ctx, *next); err == nil {
 			// Handed back again: the first answer may have been lost.
@@ -619,6 +640,37 @@ func (s *Server) answerReport(c echo.Context, rec *models.BatchReport, res proto
 	}
 	log().Info("run reported", "state", run.State, "exit_code", res.ExitCode, "changed", rec.Changed)
 	return c.JSON(http.StatusOK, protocol.RunResultResponse{RunID: run.ID, State: run.State})
+}
+
+// aheadItems are the work items of runs handed ahead, in order. A run
+// whose secrets cannot be had ends the list there: it and the runs after
+// it are taken back (the runs after a run must not start without it),
+// to be handed out one by one later, where such a run fails alone.
+func (s *Server) aheadItems(ctx context.Context, runs []models.TaskRun) ([]protocol.WorkItem, error) {
+	items := make([]protocol.WorkItem, 0, len(runs))
+	for i, r := range runs {
+		item, err := s.workItem(ctx, r)
+		var se *runSecretsError
+		switch {
+		case errors.As(err, &se):
+			return items, s.takeBack(ctx, runs[i:])
+		case err != nil:
+			return nil, err
+		}
+		items = append(items, item)
+	}
+	return items, nil
+}
+
+// takeBack returns runs handed ahead whose answer does not go out to
+// pending (models.Store.TakeBackHandBack).
+func (s *Server) takeBack(ctx context.Context, runs []models.TaskRun) error {
+	for i := range runs {
+		if _, err := s.cfg.Store.TakeBackHandBack(ctx, &runs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkResultLog checks the end of a run's log that its report carries
