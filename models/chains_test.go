@@ -546,3 +546,25 @@ func TestHandAheadAtTheAck(t *testing.T) {
 	assert.Equal(t, 0, got.Attempt)
 	assert.Equal(t, contract.RunRunning, f.RunsByLabel(t, txn)["setup@"+storetest.CtlName].State, "the run going on is untouched")
 }
+
+// A chain that ends on a report (a failure) while runs are still handed
+// ahead after it, unconfirmed (the agent that had them restarted and
+// reported the failure), takes them back before its outcome is read:
+// no poll offers them after the run before them failed.
+func TestEndChainTakesBackRunsHandedAhead(t *testing.T) {
+	f, txn, setup, db, first := chainOfSetupAndDB(t)
+	_, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, models.MaxAheadRuns)
+	require.NoError(t, err)
+	_, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{
+		{RunID: setup.ID, RunResult: protocol.RunResult{Attempt: first.Attempt, ExitCode: -1, Error: "interrupted"}}}}, time.Minute, 1)
+	require.NoError(t, err)
+	states, err := f.Store.EndChain(f.Ctx, setup.ID)
+	require.NoError(t, err)
+	assert.Equal(t, map[int64]string{setup.ID: contract.RunFailed, db.ID: contract.RunPending}, states)
+	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
+	assert.Equal(t, contract.RunPending, got.State)
+	assert.Equal(t, 0, got.Attempt)
+	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, offered, "pending, not offered")
+}

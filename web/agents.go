@@ -751,7 +751,7 @@ func (s *Server) completeActivity(ctx context.Context, run *models.TaskRun, succ
 		return contract.CompleteRunOnNode(ctx, s.cfg.Temporal, run.TaskToken, succeeded, exitCode, msg)
 	}
 	s.beats.forget(*run.ChainHead)
-	states, err := s.cfg.Store.ChainStates(ctx, *run.ChainHead)
+	states, err := s.cfg.Store.EndChain(ctx, *run.ChainHead)
 	if err != nil {
 		return err
 	}
