@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,9 +24,19 @@ type fakeBatches struct {
 	status int  // answer batches with this status
 	posts  []protocol.RunResults
 	// ahead holds the runs handed ahead with the answer to a batch whose
-	// last result is the key's, for aheadMs.
-	ahead   map[int64][]protocol.WorkItem
-	aheadMs int
+	// last result is the key's, for aheadMs; ackAhead, those handed ahead
+	// with the answer to the key's ack that asks, which ackCancel answers
+	// with cancel too.
+	ahead     map[int64][]protocol.WorkItem
+	ackAhead  map[int64][]protocol.WorkItem
+	ackCancel map[int64]bool
+	aheadMs   int
+	// releaseStatus answers batches that only release runs with this
+	// status.
+	releaseStatus int
+	// resultsAt holds, for each batch posted, how many results the fake
+	// had stored before it.
+	resultsAt []int
 }
 
 func (f *fakeAPI) batchResults(w http.ResponseWriter, r *http.Request) {
@@ -43,15 +54,29 @@ func (f *fakeAPI) batchResults(w http.ResponseWriter, r *http.Request) {
 	var batch protocol.RunResults
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&batch); err != nil || len(batch.Results) == 0 {
+	if err := dec.Decode(&batch); err != nil || len(batch.Results)+len(batch.Released) == 0 {
 		apiError(w, http.StatusBadRequest, "invalid_input", "not a batch of results")
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.batch.posts = append(f.batch.posts, batch)
+	stored := 0
+	for _, res := range f.results {
+		stored += len(res)
+	}
+	f.batch.resultsAt = append(f.batch.resultsAt, stored)
 	if st := f.batch.status; st != 0 {
 		apiError(w, st, "invalid_input", "batch refused")
+		return
+	}
+	if len(batch.Results) == 0 {
+		// It only releases runs.
+		if st := f.batch.releaseStatus; st != 0 {
+			apiError(w, st, "unavailable", "release refused")
+			return
+		}
+		writeJSON(w, protocol.RunResultResponse{})
 		return
 	}
 	for _, res := range batch.Results {
@@ -98,6 +123,32 @@ func (f *fakeAPI) handAhead(after int64, ms int, items ...protocol.WorkItem) {
 		f.batch.ahead = map[int64][]protocol.WorkItem{}
 	}
 	f.batch.ahead[after] = items
+}
+
+// handAheadWithAck has the answer to run after's ack, when it asks, hand
+// items ahead for ms milliseconds, taken as acknowledged as the API does;
+// with cancel, the answer also says that run after is no longer awaited.
+func (f *fakeAPI) handAheadWithAck(after int64, ms int, cancel bool, items ...protocol.WorkItem) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range items {
+		items[i].Acknowledged = true
+	}
+	f.batch.on, f.batch.aheadMs = true, ms
+	if f.batch.ackAhead == nil {
+		f.batch.ackAhead, f.batch.ackCancel = map[int64][]protocol.WorkItem{}, map[int64]bool{}
+	}
+	f.batch.ackAhead[after], f.batch.ackCancel[after] = items, cancel
+}
+
+// ackAnswer answers run id's ack. The caller holds mu.
+func (f *fakeAPI) ackAnswer(id int64, req protocol.RunAck) protocol.RunAckResponse {
+	next := f.batch.ackAhead[id]
+	if !req.Ahead || len(next) == 0 {
+		return protocol.RunAckResponse{}
+	}
+	delete(f.batch.ackAhead, id)
+	return protocol.RunAckResponse{Cancel: f.batch.ackCancel[id], Runs: next, AheadMs: f.batch.aheadMs}
 }
 
 func resultIDs(b protocol.RunResults) []int64 {
@@ -168,9 +219,9 @@ func TestAheadRunsReportedInOneBatch(t *testing.T) {
 }
 
 // The agent stops going on through runs handed ahead after a run that
-// failed, left outputs or handed attributes back, or once the deadline has
-// passed: the results so far go in one batch, and the rest are released,
-// never run.
+// failed, left outputs or handed attributes back: the results so far go
+// in one batch, and the rest are released, never run. (Once the deadline
+// has passed: TestAheadReleasedAtDeadline.)
 func TestAheadStopsGoingOn(t *testing.T) {
 	for name, tc := range map[string]struct {
 		ms       int
@@ -191,8 +242,6 @@ func TestAheadStopsGoingOn(t *testing.T) {
 			it.Attrs = json.RawMessage(`{"a":1}`)
 			return it
 		}, reported: []int64{2}, released: []int64{3, 4}},
-		"deadline": {ms: 300, second: func(c string) protocol.WorkItem { return work(2, 1, appendCmd(c)+"; sleep 0.6") },
-			reported: []int64{2}, released: []int64{3, 4}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFakeAPI(t)
@@ -219,6 +268,108 @@ func TestAheadStopsGoingOn(t *testing.T) {
 			f.mu.Unlock()
 		})
 	}
+}
+
+// When the ahead window closes while a run handed ahead goes on, the runs
+// after it are released at once, in a batch of their own, not when it
+// ends: they must not show running in the API all that time. They never
+// run; the run's result goes in the next batch. When that release fails,
+// they are released with the result, as before.
+func TestAheadReleasedAtDeadline(t *testing.T) {
+	for name, refused := range map[string]int{"released": 0, "release refused": http.StatusServiceUnavailable} {
+		t.Run(name, func(t *testing.T) {
+			f := newFakeAPI(t)
+			f.batch.releaseStatus = refused
+			count := filepath.Join(t.TempDir(), "count")
+			f.handAhead(1, 200, work(2, 1, "sleep 1; "+appendCmd(count)), work(3, 1, appendCmd(count)), work(4, 1, appendCmd(count)))
+			start(t, testConfig(t, f, t.TempDir()))
+			f.push(work(1, 1, "true"))
+
+			posts := f.waitBatches(t, 2)
+			assert.Empty(t, posts[1].Results, "a batch that only releases runs")
+			assert.Equal(t, []int64{3, 4}, releasedIDs(posts[1]))
+			f.mu.Lock()
+			assert.Equal(t, 1, f.batch.resultsAt[1], "sent while run 2 went on, before its result")
+			f.mu.Unlock()
+			f.waitResults(t, 2, 1)
+			posts = f.batchPosts()
+			last := posts[len(posts)-1]
+			assert.Equal(t, []int64{2}, resultIDs(last))
+			if refused == 0 {
+				assert.Len(t, posts, 3, "released once")
+				assert.Empty(t, last.Released)
+			} else {
+				assert.Len(t, posts, 2+3, "three tries, then with the result")
+				assert.Equal(t, []int64{3, 4}, releasedIDs(last))
+			}
+			f.push(work(9, 1, "true"))
+			f.waitResults(t, 9, 1)
+			assert.Equal(t, 1, countLines(t, count), "run 2 only")
+		})
+	}
+}
+
+// The answer to the ack of a chain's head may hand the chain's next runs
+// ahead: they run after it, in order, without being acknowledged, and all
+// the results go in one batch. The ack asked for them; an older API that
+// refuses the field (and has no batch route) is asked no more, and its
+// runs run all the same.
+func TestAheadHandedWithAck(t *testing.T) {
+	t.Run("handed ahead", func(t *testing.T) {
+		f := newFakeAPI(t)
+		count := filepath.Join(t.TempDir(), "count")
+		f.handAheadWithAck(1, 10000, false, work(2, 1, "echo two >> "+count), work(3, 1, "echo three >> "+count))
+		start(t, testConfig(t, f, t.TempDir()))
+		f.push(work(1, 1, "echo one >> "+count))
+
+		posts := f.waitBatches(t, 1)
+		require.Len(t, posts, 1)
+		assert.Equal(t, []int64{1, 2, 3}, resultIDs(posts[0]), "one batch, in the order they ran")
+		assert.Empty(t, posts[0].Released)
+		data, err := os.ReadFile(count)
+		require.NoError(t, err)
+		assert.Equal(t, "one\ntwo\nthree\n", string(data))
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.Equal(t, []bool{true}, f.ackAheads[1], "the ack asked for runs ahead")
+		for _, id := range []int64{1, 2, 3} {
+			assert.Zero(t, f.resultPosts[id], "run %d: no single report", id)
+		}
+		for _, id := range []int64{2, 3} {
+			assert.Empty(t, f.acks[id], "run %d: acknowledged by its hand-ahead", id)
+		}
+	})
+	t.Run("cancelled", func(t *testing.T) {
+		// The head is not run: the runs handed ahead with it are released
+		// in a batch of their own.
+		f := newFakeAPI(t)
+		count := filepath.Join(t.TempDir(), "count")
+		f.handAheadWithAck(1, 10000, true, work(2, 1, appendCmd(count)), work(3, 1, appendCmd(count)))
+		start(t, testConfig(t, f, t.TempDir()))
+		f.push(work(1, 1, appendCmd(count)))
+
+		posts := f.waitBatches(t, 1)
+		assert.Empty(t, posts[0].Results)
+		assert.Equal(t, []int64{2, 3}, releasedIDs(posts[0]))
+		f.push(work(9, 1, "true"))
+		f.waitResults(t, 9, 1)
+		assert.Zero(t, countLines(t, count), "none ran")
+	})
+	t.Run("older API", func(t *testing.T) {
+		f := newFakeAPI(t) // no batch route; refuses "ahead"
+		start(t, testConfig(t, f, t.TempDir()))
+		f.push(work(1, 1, "echo one"), work(2, 1, "echo two"))
+		assert.Equal(t, "one\n", f.waitResults(t, 1, 1)[0].StdoutTail)
+		f.push(work(3, 1, "echo three"))
+		assert.Equal(t, "three\n", f.waitResults(t, 3, 1)[0].StdoutTail)
+		assert.Equal(t, "two\n", f.waitResults(t, 2, 1)[0].StdoutTail)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.Equal(t, 1, f.ackRefused, "asked once")
+		for _, id := range []int64{1, 2, 3} {
+			assert.Equal(t, []bool{false}, f.ackAheads[id], "run %d", id)
+		}
+	})
 }
 
 // An agent stopping while a batch is kept (a run handed ahead going on)

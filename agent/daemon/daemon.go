@@ -52,9 +52,12 @@ type Reporter interface {
 
 // Acker is implemented by a Reporter that can acknowledge a run before it
 // executes (HTTPTransport does): the API offers a run again until it is
-// acknowledged. cancel is true when the run is no longer awaited.
+// acknowledged. The answer's Cancel is true when the run is no longer
+// awaited. ahead, sent only by an agent that reports batches, asks for
+// the chain's next runs handed ahead when the run heads a chain: the
+// answer's Runs and AheadMs (protocol.RunAckResponse).
 type Acker interface {
-	Ack(ctx context.Context, runID int64, attempt int) (cancel bool, err error)
+	Ack(ctx context.Context, runID int64, attempt int, ahead bool) (protocol.RunAckResponse, error)
 }
 
 // BatchReporter is implemented by a Reporter that can send several results
@@ -174,6 +177,10 @@ type agent struct {
 	// noBatches is set once the API answered that it has no batch route
 	// (an older API): results go one by one for the life of the process.
 	noBatches bool
+	// noAckAhead is set once the API refused an ack that asked for runs
+	// ahead (an API that predates protocol.RunAck.Ahead refuses unknown
+	// fields): acks ask no more for the life of the process.
+	noAckAhead bool
 	// heartbeatEvery is the node heartbeat period the API asked for
 	// (learnHeartbeatPeriod), 0 until it has.
 	heartbeatEvery atomic.Int64
@@ -188,15 +195,18 @@ type agent struct {
 // durable record (see Records) shows started by a previous process that
 // never finished them, together with the results that process kept for a
 // batch and never sent, in the order they ran. Then it sends a node
-// heartbeat every HeartbeatEvery, and long-polls for work; each run handed out is acknowledged, recorded
-// started and executed once (never twice for the same run and attempt, even across
-// restarts: a run offered again gets its stored result), with a run heartbeat every
-// RunHeartbeatEvery that cancels the execution when the API asks for it or no
-// longer knows the run (404, 409), and its result is reported, retrying
+// heartbeat every HeartbeatEvery, and long-polls for work; each run handed
+// out is acknowledged (asking, when the API takes batches, for the chain's
+// next runs handed ahead when it heads one), recorded started and executed
+// once (never twice for the same run and attempt, even across restarts: a
+// run offered again gets its stored result), with a run heartbeat every
+// RunHeartbeatEvery that cancels the execution when the API asks for it or
+// no longer knows the run (404, 409), and its result is reported, retrying
 // network errors and 5xx with backoff: in a batch (BatchReporter) with the
 // results of the chain's runs the API handed ahead and that ran after it,
-// when it did. A run interrupted by the agent's own shutdown is reported as
-// cancelled, best effort.
+// when it did. Runs handed ahead that may no longer start (their window
+// closed while a run went on) are released at once. A run interrupted by
+// the agent's own shutdown is reported as cancelled, best effort.
 func Run(ctx context.Context, cfg Config) error {
 	a, err := newAgent(cfg)
 	if err != nil {
@@ -521,8 +531,14 @@ func everyPeriod(ctx context.Context, period func() time.Duration, f func() bool
 
 func (a *agent) workLoop(ctx context.Context) {
 	// Runs handed back with the last report and not started are
-	// abandoned as those of a poll are.
-	defer func() { a.abandon(ctx, a.takeHandedBack()) }()
+	// abandoned as those of a poll are, and so are any that the reports
+	// of abandoned runs hand back: each list of runs handed ahead ends
+	// (its timer stopped) before Run returns.
+	defer func() {
+		for runs := a.takeHandedBack(); len(runs) > 0; runs = a.takeHandedBack() {
+			a.abandon(ctx, runs)
+		}
+	}()
 	b := a.backoff()
 	for ctx.Err() == nil {
 		// Runs handed back with a report go first; then the long poll.
@@ -567,14 +583,77 @@ type queued struct {
 	ahead *aheadList // the runs handed ahead after item, or nil
 }
 
-// aheadList is what is left of the runs a report's answer handed ahead
-// (protocol.RunResultResponse.AheadMs) after the first, which is queued.
+// aheadList is what is left of the runs handed ahead after the run that
+// heads them: by a report's answer (protocol.RunResultResponse.AheadMs),
+// the first of which is queued heading the others, or by the answer to
+// the head's ack (protocol.RunAckResponse).
 type aheadList struct {
-	rest  []protocol.WorkItem // not started, in order
-	until time.Time           // none starts at or after it
+	until time.Time // none starts at or after it
 	// goOn says that the last result was kept for the batch (submit):
-	// the next of rest starts now.
+	// the next of rest starts now. Work loop only, as is release.
 	goOn bool
+	// release, when the agent reports batches, releases rest at until
+	// (releaseLate): the runs left must not show running in the API while
+	// a long run goes on, since none of them starts any more. nil once
+	// the list has ended (end).
+	release *laterLoop
+	// mu guards rest, which release takes on its own goroutine.
+	mu   sync.Mutex
+	rest []protocol.WorkItem // not started, in order
+}
+
+// newAheadList makes the list of runs handed ahead that start only before
+// until, with the timer that releases them then (see aheadList.release);
+// ctx is the agent's.
+func (a *agent) newAheadList(ctx context.Context, rest []protocol.WorkItem, until time.Time) *aheadList {
+	l := &aheadList{rest: rest, until: until}
+	// The reporter is taken now: noBatches is the work loop's.
+	if br := a.batchReporter(); br != nil && len(rest) > 0 {
+		l.release = afterPeriod(time.Until(until), func() { a.releaseLate(ctx, br, l) })
+	}
+	return l
+}
+
+// left reports whether a run of the list may start now. The caller holds
+// l.mu.
+func (l *aheadList) left() bool {
+	return len(l.rest) > 0 && time.Now().Before(l.until)
+}
+
+// hasNext reports whether the next run of the list may start now.
+func (l *aheadList) hasNext() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.left()
+}
+
+// next takes the next run to start, if one may start now: the deadline
+// may have passed, and releaseLate taken the rest, since hasNext said so.
+func (l *aheadList) next() (protocol.WorkItem, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.left() {
+		return protocol.WorkItem{}, false
+	}
+	item := l.rest[0]
+	l.rest = l.rest[1:]
+	return item, true
+}
+
+// end ends the list: its timer is stopped, or waited for if it fired
+// (its release either took the rest or, failing, put it back), and the
+// runs not started nor released yet are returned, to release.
+func (l *aheadList) end() []protocol.WorkItem {
+	if l.release != nil {
+		l.release.wait()
+		l.release = nil
+	}
+	l.goOn = false
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rest := l.rest
+	l.rest = nil
+	return rest
 }
 
 // runQueued runs a queued run and, when it heads runs handed ahead, each
@@ -585,13 +664,17 @@ func (a *agent) runQueued(ctx context.Context, q queued) {
 	defer func() { a.ahead = nil }()
 	item := q.item
 	for {
+		// The ack of item may make it head a list (ack sets a.ahead).
 		a.runItem(ctx, item)
 		l := a.ahead
 		if l == nil || !l.goOn || ctx.Err() != nil {
 			break
 		}
 		l.goOn = false
-		item, l.rest = l.rest[0], l.rest[1:]
+		var ok bool
+		if item, ok = l.next(); !ok {
+			break
+		}
 	}
 	// Nothing to do after a result that was sent (submit flushed); kept
 	// results are sent when the run after them left none (it was not
@@ -720,20 +803,42 @@ func (a *agent) end(key runKey) {
 // run (a final 4xx, or cancel) or the agent is stopping. An API without
 // the ack route (404 without an error envelope) is an older one, for
 // which the first run heartbeat is the acknowledgement.
+//
+// An agent that reports batches asks for runs ahead with the ack of a
+// run that heads no list yet; the runs the answer hands ahead make the
+// run head a list (a.ahead), released at the end if it does not execute.
+// An API that refuses the ack asking (400: it predates the field) is
+// sent it again without, and not asked again.
 func (a *agent) ack(ctx context.Context, log *slog.Logger, item protocol.WorkItem) bool {
 	acker, ok := a.rep.(Acker)
 	if !ok {
 		return true
 	}
-	var cancel bool
-	err := a.retry(ctx, "acknowledging the run", func(ctx context.Context) error {
-		var err error
-		cancel, err = acker.Ack(ctx, item.RunID, item.Attempt)
-		return err
-	})
+	ahead := a.ahead == nil && !a.noAckAhead && a.batchReporter() != nil
+	var resp protocol.RunAckResponse
+	var received time.Time
+	send := func() error {
+		return a.retry(ctx, "acknowledging the run", func(ctx context.Context) error {
+			var err error
+			resp, err = acker.Ack(ctx, item.RunID, item.Attempt, ahead)
+			received = time.Now()
+			return err
+		})
+	}
+	err := send()
+	if ahead && statusOf(err) == http.StatusBadRequest {
+		log.Info("the API refused an ack asking for runs ahead (an older server); acknowledging without asking, and not asking again",
+			"error", apiMessage(err))
+		a.noAckAhead, ahead = true, false
+		err = send()
+	}
+	if err == nil && ahead && len(resp.Runs) > 0 {
+		log.Debug("runs handed ahead with the ack", "runs", len(resp.Runs), "ahead_ms", resp.AheadMs)
+		a.ahead = a.newAheadList(ctx, resp.Runs, received.Add(time.Duration(resp.AheadMs)*time.Millisecond))
+	}
 	var apiErr *APIError
 	switch {
-	case err == nil && !cancel:
+	case err == nil && !resp.Cancel:
 		return true
 	case err == nil:
 		log.Info("the API no longer awaits the run; not starting it")
@@ -811,25 +916,26 @@ func (a *agent) submit(ctx context.Context, r pendingReport) {
 // passed.
 func (a *agent) goesOn(r pendingReport) bool {
 	l := a.ahead
-	return l != nil && len(l.rest) > 0 && len(a.pending) < protocol.MaxRunResults &&
+	return l != nil && len(a.pending) < protocol.MaxRunResults &&
 		r.res.Succeeded() && len(r.res.Outputs) == 0 && r.res.Attrs == nil && r.rec.Type != protocol.TypeReboot &&
-		time.Now().Before(l.until)
+		l.hasNext()
 }
 
 // flushPending sends the results kept for a batch, releasing the runs
-// handed ahead not started, which are then never started here.
+// handed ahead not started (and not released at the deadline already),
+// which are then never started here: the list ends.
 func (a *agent) flushPending(ctx context.Context) {
 	var released []protocol.WorkItem
 	if l := a.ahead; l != nil {
-		released, l.rest, l.goOn = l.rest, nil, false
+		released = l.end()
 	}
 	batch := a.pending
 	if len(batch) == 0 {
-		if len(released) > 0 {
-			// No result to carry them (the run heading them was not
-			// executed): the API hands them out again once its lease
-			// ends, as a new delivery.
-			a.log.Info("runs handed ahead not started; left to the API", "runs", len(released))
+		// No result to carry them (the run heading them was not
+		// executed): a batch of its own releases them.
+		if br := a.batchReporter(); len(released) > 0 && (br == nil || !a.releaseAhead(ctx, br, released)) {
+			a.log.Info("runs handed ahead not started and not released; the API hands them out again once its lease ends",
+				"runs", len(released))
 		}
 		return
 	}
@@ -975,7 +1081,8 @@ func (a *agent) runHeartbeat(ctx context.Context, cancelRun context.CancelCauseF
 
 // laterLoop is a loop of a run's (its heartbeats, its log shipping) that
 // starts once its first period has passed: most runs end sooner, and
-// need neither a goroutine nor a ticker for it.
+// need neither a goroutine nor a ticker for it. A list of runs handed
+// ahead has one too: its release at its deadline (aheadList.release).
 type laterLoop struct {
 	timer *time.Timer
 	done  chan struct{}
@@ -1013,7 +1120,7 @@ func (l *laterLoop) wait() bool {
 // started here. Network errors and 5xx are retried with backoff; when the
 // agent is stopping, each request is made once.
 func (a *agent) flush(ctx context.Context, batch []pendingReport, released []protocol.WorkItem) {
-	if br, ok := a.rep.(BatchReporter); ok && !a.noBatches {
+	if br := a.batchReporter(); br != nil {
 		err := a.sendBatch(ctx, br, batch, released)
 		var apiErr *APIError
 		switch st := statusOf(err); {
@@ -1039,23 +1146,86 @@ func (a *agent) flush(ctx context.Context, batch []pendingReport, released []pro
 // sendBatch sends results in one RunResults (see flush); the runs its
 // answer hands back are kept for the work loop.
 func (a *agent) sendBatch(ctx context.Context, br BatchReporter, batch []pendingReport, released []protocol.WorkItem) error {
-	body := protocol.RunResults{Results: make([]protocol.RunReport, len(batch))}
-	for i, r := range batch {
-		body.Results[i] = protocol.RunReport{RunID: r.rec.RunID, RunResult: r.res}
+	body := batchBody(released)
+	for _, r := range batch {
+		body.Results = append(body.Results, protocol.RunReport{RunID: r.rec.RunID, RunResult: r.res})
 	}
-	if len(released) > 0 {
-		body.Released = make([]protocol.RunAttempt, len(released))
-		for i, item := range released {
-			body.Released[i] = protocol.RunAttempt{RunID: item.RunID, Attempt: item.Attempt}
-		}
-	}
-	return a.send(ctx, "reporting the results", func(ctx context.Context) error {
-		resp, err := br.ReportBatch(ctx, body)
+	return a.send(ctx, "reporting the results", func(sctx context.Context) error {
+		resp, err := br.ReportBatch(sctx, body)
 		if err == nil {
-			a.handBackAnswer(resp, time.Now())
+			// The agent's ctx: a list's timer outlives this request.
+			a.handBackAnswer(ctx, resp, time.Now())
 		}
 		return err
 	})
+}
+
+// batchBody is a RunResults releasing runs, with no result yet.
+func batchBody(released []protocol.WorkItem) protocol.RunResults {
+	body := protocol.RunResults{Results: []protocol.RunReport{}}
+	for _, item := range released {
+		body.Released = append(body.Released, protocol.RunAttempt{RunID: item.RunID, Attempt: item.Attempt})
+	}
+	return body
+}
+
+// batchReporter returns the reporter as a BatchReporter, or nil when it
+// is none or the API takes no batches.
+func (a *agent) batchReporter() BatchReporter {
+	if br, ok := a.rep.(BatchReporter); ok && !a.noBatches {
+		return br
+	}
+	return nil
+}
+
+// Bounds of releaseAhead, which a list's end may wait for (aheadList.end).
+const (
+	releaseTries   = 3
+	releaseTimeout = 2 * time.Second
+)
+
+// releaseAhead sends a batch that only releases runs handed ahead (no
+// result; its answer is empty), best effort: a few tries of a short
+// timeout each for network errors and 5xx, one when the agent is
+// stopping. It reports whether the API took it. It runs on the work loop
+// or on a list's timer, so it reads nothing of the work loop's.
+func (a *agent) releaseAhead(ctx context.Context, br BatchReporter, items []protocol.WorkItem) bool {
+	body := batchBody(items)
+	b := a.backoff()
+	for try := 1; ; try++ {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		_, err := br.ReportBatch(rctx, body)
+		cancel()
+		switch {
+		case err == nil:
+			a.log.Info("released the runs handed ahead not started", "runs", len(items))
+			return true
+		case try == releaseTries || !retryable(ctx, err):
+			a.log.Warn("cannot release the runs handed ahead not started", "runs", len(items), "error", err)
+			return false
+		}
+		if !sleep(ctx, b.next()) {
+			return false
+		}
+	}
+}
+
+// releaseLate releases a list's runs at its deadline (aheadList.release),
+// while the run before them goes on: none of them starts any more. On
+// failure it puts them back, for the list's end to release with the
+// batch.
+func (a *agent) releaseLate(ctx context.Context, br BatchReporter, l *aheadList) {
+	l.mu.Lock()
+	rest := l.rest
+	l.rest = nil
+	l.mu.Unlock()
+	if len(rest) == 0 || a.releaseAhead(ctx, br, rest) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// Past the deadline nothing takes from the list: rest is still empty.
+	l.rest = rest
 }
 
 // reportOne reports one result on its own. A report refused with the log
@@ -1141,12 +1311,12 @@ func (a *agent) handBack(items []protocol.WorkItem) {
 // handBackAnswer keeps the runs a batch's answer (received at received)
 // hands back for the work loop: when it hands them ahead, the first is
 // queued heading the others, which start only as goesOn allows.
-func (a *agent) handBackAnswer(resp protocol.RunResultResponse, received time.Time) {
+func (a *agent) handBackAnswer(ctx context.Context, resp protocol.RunResultResponse, received time.Time) {
 	if resp.AheadMs <= 0 || len(resp.Runs) == 0 {
 		a.handBack(resp.Runs)
 		return
 	}
-	l := &aheadList{rest: resp.Runs[1:], until: received.Add(time.Duration(resp.AheadMs) * time.Millisecond)}
+	l := a.newAheadList(ctx, resp.Runs[1:], received.Add(time.Duration(resp.AheadMs)*time.Millisecond))
 	a.handedMu.Lock()
 	defer a.handedMu.Unlock()
 	a.handed = append(a.handed, queued{item: resp.Runs[0], ahead: l})
@@ -1190,18 +1360,25 @@ func isRetryableStatus(err error) bool {
 func (a *agent) abandon(ctx context.Context, runs []queued) {
 	defer func() { a.ahead = nil }()
 	for _, q := range runs {
-		item := q.item
 		a.ahead = q.ahead
-		rec, err := a.records.LoadRun(item.RunID, item.Attempt)
-		if err != nil || (rec != nil && rec.Phase != PhaseReceived) {
-			continue // known already: handled when offered again
-		}
-		log := a.log.With(runAttrs(item)...)
-		log.Warn("agent stopping; run not started")
-		rec = &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
-			NodeRoleID: item.NodeRoleID, Type: item.Type}
-		a.finish(ctx, log, rec, failedResult(item, "cancelled: the agent stopped before starting the run"))
+		a.abandonOne(ctx, q.item)
+		// Ends q's list (finish did, if it reported): its timer is
+		// stopped and its runs released.
+		a.flushPending(ctx)
 	}
+}
+
+// abandonOne reports one run of abandon's.
+func (a *agent) abandonOne(ctx context.Context, item protocol.WorkItem) {
+	rec, err := a.records.LoadRun(item.RunID, item.Attempt)
+	if err != nil || (rec != nil && rec.Phase != PhaseReceived) {
+		return // known already: handled when offered again
+	}
+	log := a.log.With(runAttrs(item)...)
+	log.Warn("agent stopping; run not started")
+	rec = &RunRecord{RunID: item.RunID, Attempt: item.Attempt, Task: item.Task, TransactionID: item.TransactionID,
+		NodeRoleID: item.NodeRoleID, Type: item.Type}
+	a.finish(ctx, log, rec, failedResult(item, "cancelled: the agent stopped before starting the run"))
 }
 
 // retry calls f until it succeeds, fails for good (see retryable) or ctx

@@ -58,6 +58,8 @@ type fakeAPI struct {
 	handBack          map[int64][]protocol.WorkItem // runs handed back with a run's result (a chain's next)
 	refuseResultLog   int                           // answer a result carrying a log with this status (an API that does not take it)
 	acks              map[int64][]int               // attempts acknowledged per run
+	ackAheads         map[int64][]bool              // whether each ack acknowledged asked for runs ahead
+	ackRefused        int                           // acks refused for asking for runs ahead
 	ackStatus         map[int64]int                 // answer acks with this status
 	software          []protocol.SoftwareDeployment
 	softwareVersion   int // bumped at every listing, so the agent sees it again
@@ -81,6 +83,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 		resultStatus:   map[int64]int{},
 		handBack:       map[int64][]protocol.WorkItem{},
 		acks:           map[int64][]int{},
+		ackAheads:      map[int64][]bool{},
 		ackStatus:      map[int64]int{},
 		signals:        map[int64][]protocol.SoftwareSignal{},
 		logs:           newFakeLogs(),
@@ -322,12 +325,20 @@ func (f *fakeAPI) ack(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if req.Ahead && !f.batch.on {
+		// An older API, without the batch route, knows no "ahead" and
+		// refuses unknown fields.
+		f.ackRefused++
+		apiError(w, http.StatusBadRequest, "invalid_input", "ahead: unknown field")
+		return
+	}
 	if st := f.ackStatus[id]; st != 0 {
 		apiError(w, st, "conflict", fmt.Sprintf("run %d is not running", id))
 		return
 	}
 	f.acks[id] = append(f.acks[id], req.Attempt)
-	writeJSON(w, protocol.RunAckResponse{})
+	f.ackAheads[id] = append(f.ackAheads[id], req.Ahead)
+	writeJSON(w, f.ackAnswer(id, req))
 }
 
 // softwareDeployments lists f.software under a new version every time

@@ -153,11 +153,14 @@ func (t *HTTPTransport) ReportBatch(ctx context.Context, batch protocol.RunResul
 }
 
 // Ack tells the API the agent took delivery of a run's attempt, so that it
-// is not offered again; cancel is true when the run is no longer awaited.
-func (t *HTTPTransport) Ack(ctx context.Context, runID int64, attempt int) (bool, error) {
+// is not offered again. ahead asks, for a chain's head, for the chain's
+// next runs handed ahead with the answer (protocol.RunAck.Ahead); an API
+// that predates the field refuses it with 400.
+func (t *HTTPTransport) Ack(ctx context.Context, runID int64, attempt int, ahead bool) (protocol.RunAckResponse, error) {
 	var resp protocol.RunAckResponse
-	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunAck, runID), nil, t.Token, t.timeout(), protocol.RunAck{Attempt: attempt}, &resp)
-	return resp.Cancel, err
+	err := t.do(ctx, http.MethodPost, fmt.Sprintf(protocol.PathRunAck, runID), nil, t.Token, t.timeout(),
+		protocol.RunAck{Attempt: attempt, Ahead: ahead}, &resp)
+	return resp, err
 }
 
 // RunHeartbeat tells the API the attempt of the run is still executing;
