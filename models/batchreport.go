@@ -380,10 +380,20 @@ func batchReport(db *gorm.DB, nodeID int64, batch protocol.RunResults, runs []*T
 
 // handAheadSQL hands up to @ahead of a chain's runs ahead after run
 // @run, running at @attempt on node @node: what an acknowledgement that
-// asks for them (protocol.RunAck.Ahead) gets back.
+// asks for them (protocol.RunAck.Ahead) gets back. Only after a short run:
+// the last run the node finished in the same graph took less than @short
+// seconds (so a chain of long runs, or one that starts a graph, does not
+// show runs running that wait behind a long one, nor get them failed, not
+// cancelled, should its transaction be ended meanwhile).
 var handAheadSQL = `WITH RECURSIVE last AS (
-  SELECT ` + resultColumns + ` FROM task_runs
-  WHERE id = @run AND node_id = @node AND attempt = @attempt AND state = 'running'
+  SELECT ` + prefixed("h.", resultColumns) + ` FROM task_runs h
+  WHERE h.id = @run AND h.node_id = @node AND h.attempt = @attempt AND h.state = 'running'
+    AND EXISTS (SELECT 1 FROM (
+      SELECT p.started_at, p.finished_at FROM task_runs p
+      WHERE p.transaction_id = h.transaction_id AND p.graph_index = h.graph_index AND p.node_id = h.node_id
+        AND p.finished_at IS NOT NULL AND p.started_at IS NOT NULL
+      ORDER BY p.finished_at DESC LIMIT 1) p
+      WHERE p.finished_at - p.started_at < make_interval(secs => @short))
 ), ` + aheadCTEs("WHERE") + `
 SELECT %[2]s FROM next d ORDER BY n`
 
@@ -393,13 +403,14 @@ var handAheadStatement = sync.OnceValue(func() reportQuery { return reportQueryO
 // HandAhead hands up to ahead of the chain's runs after run (acknowledged
 // by its node's agent, running at attempt) ahead to that agent, in one
 // statement, as ReportRuns does after a report: each pending and still
-// linked, not skipped by LCM, seeing no outputs. It returns them in
-// order, none when run is in no chain, ends it, or the runs after it are
-// not to be handed out yet.
-func (s *Store) HandAhead(ctx context.Context, nodeID, runID int64, attempt int, lease time.Duration, ahead int) ([]TaskRun, error) {
+// linked, not skipped by LCM, seeing no outputs. It does only when the
+// last run its node finished in the run's graph took less than short. It
+// returns them in order, none when run is in no chain, ends it, follows
+// no short run, or the runs after it are not to be handed out yet.
+func (s *Store) HandAhead(ctx context.Context, nodeID, runID int64, attempt int, lease, short time.Duration, ahead int) ([]TaskRun, error) {
 	q := handAheadStatement()
 	args, err := positionalArgs(q.params, map[string]any{"run": runID, "node": nodeID, "attempt": attempt,
-		"ahead": max(ahead, 1), "lease": ackLeaseOr(lease).Seconds()})
+		"ahead": max(ahead, 1), "lease": ackLeaseOr(lease).Seconds(), "short": short.Seconds()})
 	if err != nil {
 		return nil, fmt.Errorf("hand ahead the runs after run %d: %w", runID, err)
 	}

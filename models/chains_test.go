@@ -524,18 +524,27 @@ func TestChainCutWithARunHandedAhead(t *testing.T) {
 // them.
 func TestHandAheadAtTheAck(t *testing.T) {
 	f, txn, setup, db, first := chainOfSetupAndDB(t)
+	const short = 100 * time.Millisecond
+	none, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, short, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.Empty(t, none, "the graph's first run on the node: no short run before it")
+	finishedBefore(t, f, db.ID, 10*time.Millisecond)
+	none, err = f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, 5*time.Millisecond, models.MaxAheadRuns)
+	require.NoError(t, err)
+	assert.Empty(t, none, "after a run longer than short")
+
 	statements := countStatements(t, f, func(string) bool { return true })
-	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, models.MaxAheadRuns)
+	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, short, models.MaxAheadRuns)
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, statements.Load())
 	require.Len(t, ahead, 1)
 	assert.Equal(t, db.ID, ahead[0].ID)
 	assert.Equal(t, 1, ahead[0].Attempt)
 	assert.Equal(t, "echo db", ahead[0].Spec.Cmd, "the whole row, for the work item")
-	again, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, models.MaxAheadRuns)
+	again, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, short, models.MaxAheadRuns)
 	require.NoError(t, err)
 	assert.Empty(t, again, "handed ahead once")
-	none, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt+1, time.Minute, models.MaxAheadRuns)
+	none, err = f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt+1, time.Minute, short, models.MaxAheadRuns)
 	require.NoError(t, err)
 	assert.Empty(t, none, "another attempt")
 
@@ -553,8 +562,10 @@ func TestHandAheadAtTheAck(t *testing.T) {
 // no poll offers them after the run before them failed.
 func TestEndChainTakesBackRunsHandedAhead(t *testing.T) {
 	f, txn, setup, db, first := chainOfSetupAndDB(t)
-	_, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, models.MaxAheadRuns)
+	finishedBefore(t, f, db.ID, 10*time.Millisecond)
+	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, 100*time.Millisecond, models.MaxAheadRuns)
 	require.NoError(t, err)
+	require.Len(t, ahead, 1)
 	_, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{
 		{RunID: setup.ID, RunResult: protocol.RunResult{Attempt: first.Attempt, ExitCode: -1, Error: "interrupted"}}}}, time.Minute, 1)
 	require.NoError(t, err)
@@ -567,4 +578,15 @@ func TestEndChainTakesBackRunsHandedAhead(t *testing.T) {
 	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Millisecond)
 	require.NoError(t, err)
 	assert.Empty(t, offered, "pending, not offered")
+}
+
+// finishedBefore adds a run to the node and graph of run like that
+// finished a second ago after took: what HandAhead looks at.
+func finishedBefore(t *testing.T, f *storetest.Fixture, like int64, took time.Duration) {
+	t.Helper()
+	require.NoError(t, f.Store.DB.Exec(`INSERT INTO task_runs
+SELECT (jsonb_populate_record(NULL::task_runs, to_jsonb(t) || jsonb_build_object('id', nextval('task_runs_id_seq'),
+  'task_name', 'warmup', 'state', 'succeeded', 'chain_head', NULL, 'chain_next', NULL,
+  'started_at', now() - interval '1 s' - make_interval(secs => ?), 'finished_at', now() - interval '1 s'))).*
+FROM task_runs t WHERE id = ?`, took.Seconds(), like).Error)
 }

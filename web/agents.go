@@ -402,7 +402,7 @@ func (s *Server) agentRunAck(c echo.Context) error {
 	if req.Ahead && !answer.Cancel && run.ChainHead != nil && run.ChainNext != nil {
 		// The chain's next runs go ahead with the acknowledgement: no
 		// report of this run alone to get them.
-		ahead, err := s.cfg.Store.HandAhead(ctx, principal(c).NodeID, runID, req.Attempt, s.ackLease(), models.MaxAheadRuns)
+		ahead, err := s.cfg.Store.HandAhead(ctx, principal(c).NodeID, runID, req.Attempt, s.ackLease(), aheadAfter, models.MaxAheadRuns)
 		if err != nil {
 			return err
 		}
@@ -498,10 +498,11 @@ func (s *Server) agentRunResult(c echo.Context) error {
 // runs to start after it.
 const aheadWindow = 500 * time.Millisecond
 
-// aheadAfter is the longest a reported run may have taken for its chain's
-// next runs to be handed ahead: a chain of longer runs goes on one run per
-// report, as its runs would seldom start within aheadWindow, and each run
-// handed ahead and released is two writes for nothing.
+// aheadAfter is the longest a reported run (or, at an ack, the node's last
+// run in the graph) may have taken for its chain's next runs to be handed
+// ahead: a chain of longer runs goes on one run per report, as its runs
+// would seldom start within aheadWindow, and each run handed ahead and
+// released is two writes for nothing.
 const aheadAfter = 100 * time.Millisecond
 
 // agentRunResults stores a batch of an agent's reports (protocol.
