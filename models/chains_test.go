@@ -590,3 +590,31 @@ SELECT (jsonb_populate_record(NULL::task_runs, to_jsonb(t) || jsonb_build_object
   'started_at', now() - interval '1 s' - make_interval(secs => ?), 'finished_at', now() - interval '1 s'))).*
 FROM task_runs t WHERE id = ?`, took.Seconds(), like).Error)
 }
+
+// A poll offers a run handed ahead whose lease ran out only once the run
+// before it in its chain ended well: the agent that had it may be gone,
+// and a poll's runs run whatever became of the one before.
+func TestPollOffersNoRunAheadOfItsPredecessor(t *testing.T) {
+	f, _, setup, db, first := chainOfSetupAndDB(t)
+	_, err := f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt)
+	require.NoError(t, err)
+	finishedBefore(t, f, db.ID, 10*time.Millisecond)
+	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Millisecond, 100*time.Millisecond, models.MaxAheadRuns)
+	require.NoError(t, err)
+	require.Len(t, ahead, 1)
+	time.Sleep(20 * time.Millisecond) // its lease runs out
+	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, offered, "setup has not ended: db is not offered")
+	next, err := f.Store.NextOffer(f.Ctx, f.Ctl.ID)
+	require.NoError(t, err)
+	assert.True(t, next.IsZero(), "nor is a time to offer it (no busy long poll)")
+
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: first.Attempt})
+	require.NoError(t, err)
+	offered, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Millisecond)
+	require.NoError(t, err)
+	require.Len(t, offered, 1, "setup succeeded: db is offered again, as a lost hand-back")
+	assert.Equal(t, db.ID, offered[0].ID)
+	assert.Equal(t, 1, offered[0].Attempt, "the same attempt")
+}

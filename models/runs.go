@@ -629,17 +629,30 @@ WHERE NOT EXISTS (SELECT 1 FROM claimed)`
 // answer that its agent has not confirmed (acked_at = claimed_at: see
 // chainLink) once its lease has passed; the latter stays marked so.
 const claimWorkSQL = `
-UPDATE task_runs SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now(),
+UPDATE task_runs t SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now(),
   acked_at = CASE WHEN acked_at IS NOT NULL THEN now() END
-WHERE node_id = ? AND state = 'running' AND (acked_at IS NULL OR acked_at = claimed_at)
-  AND (claimed_at IS NULL OR lease_until <= now())
+WHERE t.node_id = ? AND ` + offerableSQL + `
+  AND (t.claimed_at IS NULL OR t.lease_until <= now())
 RETURNING *`
+
+// offerableSQL says whether run t, dispatched to its node, may be offered
+// to the node's poll: not acknowledged, or handed back (acked_at =
+// claimed_at) and not confirmed, right after a run of its chain that
+// ended well. A run handed ahead behind one that has not (still running,
+// failed, or its link taken by a stop) is not: a poll hands runs out one
+// by one, and would run it whatever became of the run before it; it is
+// released, taken back at the chain's end (EndChain), or failed with its
+// lost chain (EndLostChain).
+const offerableSQL = `t.state = 'running' AND (t.acked_at IS NULL OR (t.acked_at = t.claimed_at AND EXISTS (
+    SELECT 1 FROM task_runs p
+    WHERE p.transaction_id = t.transaction_id AND p.graph_index = t.graph_index AND p.node_id = t.node_id
+      AND p.chain_next = t.id AND p.chain_head = t.chain_head AND p.state IN ('succeeded', 'skipped'))))`
 
 // nextOfferSQL finds when a node's next unacknowledged run is offered
 // again (node).
 const nextOfferSQL = `
-SELECT min(lease_until) FROM task_runs
-WHERE node_id = ? AND state = 'running' AND (acked_at IS NULL OR acked_at = claimed_at) AND lease_until IS NOT NULL`
+SELECT min(t.lease_until) FROM task_runs t
+WHERE t.node_id = ? AND ` + offerableSQL + ` AND t.lease_until IS NOT NULL`
 
 // AckRun records that a node's agent took delivery of attempt of a run (0:
 // whatever attempt is current, for an agent that does not say), or
