@@ -19,9 +19,10 @@ import (
 // batchReportSQL records a batch of reports (protocol.RunResults) and,
 // in the same statement, hands the chain's next runs ahead to the
 // reporting agent: the runs it ran one after the other, their logs' first
-// chunks, the runs it releases (handed ahead, not started: back to pending
-// at the attempt they had before, so that the next dispatch hands out the
-// same attempt, which the agent never started), and up to @ahead of the
+// chunks, the runs it releases (handed ahead, not started: back to
+// pending; their attempt stays raised, as TakeBackHandBack leaves it, so
+// that every hand-out of a run is an attempt of its own and a release
+// sent late cannot take back a later one), and up to @ahead of the
 // chain's next runs, dispatched as reportSQL dispatches one. It is all or
 // nothing: unless every result's run is running at its attempt on the
 // node (a batch sent again, a run failed meanwhile), it writes nothing and
@@ -41,7 +42,7 @@ var batchReportSQL = `WITH RECURSIVE v AS (
   SELECT count(*) = cardinality(@ids::bigint[]) AS every_running FROM v JOIN task_runs t ON t.id = v.id
   WHERE t.node_id = @node AND t.attempt = v.attempt AND t.state = 'running'
 ), rel AS (
-  UPDATE task_runs r SET state = 'pending', attempt = r.attempt - 1, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
+  UPDATE task_runs r SET state = 'pending', claimed_at = NULL, acked_at = NULL, lease_until = NULL,
     started_at = NULL, updated_at = now()
   FROM unnest(@released::bigint[], @released_attempts::int[]) AS x(id, attempt), ok
   WHERE ok.every_running AND r.id = x.id AND r.node_id = @node AND r.attempt = x.attempt AND r.state = 'running'
@@ -246,7 +247,7 @@ func (s *Store) resultsOf(db *gorm.DB, nodeID int64, results []protocol.RunRepor
 }
 
 // releaseRuns takes runs an agent released (handed ahead, never started)
-// back to pending at the attempt they had before their dispatch.
+// back to pending (see batchReportSQL).
 func releaseRuns(tx *gorm.DB, nodeID int64, released []protocol.RunAttempt) error {
 	if len(released) == 0 {
 		return nil
@@ -255,7 +256,7 @@ func releaseRuns(tx *gorm.DB, nodeID int64, released []protocol.RunAttempt) erro
 	for i, r := range released {
 		ids[i], attempts[i] = r.RunID, int64(r.Attempt)
 	}
-	if err := tx.Exec(`UPDATE task_runs r SET state = ?, attempt = r.attempt - 1, claimed_at = NULL, acked_at = NULL,
+	if err := tx.Exec(`UPDATE task_runs r SET state = ?, claimed_at = NULL, acked_at = NULL,
   lease_until = NULL, started_at = NULL, updated_at = now()
 FROM unnest(?::bigint[], ?::int[]) AS x(id, attempt)
 WHERE r.id = x.id AND r.node_id = ? AND r.attempt = x.attempt AND r.state = ?`,

@@ -443,8 +443,8 @@ func TestClaimedRunKnowsWhetherOutputsWereLeft(t *testing.T) {
 
 // A batch of reports (ReportRuns) is one statement that records the
 // results and hands the chain's next run ahead; a batch sent again
-// (its answer lost) releasing the run handed ahead takes it back to the
-// attempt it had, and the chain goes on with that same attempt.
+// (its answer lost) releasing the run handed ahead takes it back, and the
+// chain goes on with it at a new attempt.
 func TestReportRunsHandsAheadAndReleases(t *testing.T) {
 	f, txn, setup, db, first := chainOfSetupAndDB(t)
 	ok := protocol.RunReport{RunID: setup.ID, RunResult: protocol.RunResult{Attempt: first.Attempt,
@@ -474,11 +474,11 @@ func TestReportRunsHandsAheadAndReleases(t *testing.T) {
 	assert.False(t, rep.Changed, "the same result")
 	require.NotNil(t, rep.Next)
 	assert.True(t, rep.Fresh, "released, then dispatched again")
-	assert.Equal(t, 1, rep.Next.Attempt, "the attempt it had when released")
+	assert.Equal(t, 2, rep.Next.Attempt, "an attempt of its own: a late release cannot take it back")
 
 	// db fails: the chain ends, its states are the runs'.
 	rep, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{
-		{RunID: db.ID, RunResult: protocol.RunResult{Attempt: 1, ExitCode: 3}}}}, time.Minute, models.MaxAheadRuns)
+		{RunID: db.ID, RunResult: protocol.RunResult{Attempt: 2, ExitCode: 3}}}}, time.Minute, models.MaxAheadRuns)
 	require.NoError(t, err)
 	assert.Nil(t, rep.Next)
 	states, err := f.Store.ChainStates(f.Ctx, setup.ID)
@@ -513,7 +513,7 @@ func TestChainCutWithARunHandedAhead(t *testing.T) {
 	assert.Nil(t, rep.Next, "cut: db is not handed out again")
 	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
 	assert.Equal(t, contract.RunPending, got.State)
-	assert.Equal(t, 0, got.Attempt, "the attempt it had before it was handed ahead")
+	assert.Equal(t, 1, got.Attempt, "the attempt it was handed ahead at stays counted")
 	states, err := f.Store.ChainStates(f.Ctx, setup.ID)
 	require.NoError(t, err)
 	assert.Equal(t, map[int64]string{setup.ID: contract.RunSucceeded, db.ID: contract.RunPending}, states)
@@ -552,7 +552,7 @@ func TestHandAheadAtTheAck(t *testing.T) {
 	require.NoError(t, err)
 	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
 	assert.Equal(t, contract.RunPending, got.State, "released")
-	assert.Equal(t, 0, got.Attempt)
+	assert.Equal(t, 1, got.Attempt)
 	assert.Equal(t, contract.RunRunning, f.RunsByLabel(t, txn)["setup@"+storetest.CtlName].State, "the run going on is untouched")
 }
 
@@ -574,7 +574,7 @@ func TestEndChainTakesBackRunsHandedAhead(t *testing.T) {
 	assert.Equal(t, map[int64]string{setup.ID: contract.RunFailed, db.ID: contract.RunPending}, states)
 	got := f.RunsByLabel(t, txn)["db@"+storetest.CtlName]
 	assert.Equal(t, contract.RunPending, got.State)
-	assert.Equal(t, 0, got.Attempt)
+	assert.Equal(t, 1, got.Attempt)
 	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Millisecond)
 	require.NoError(t, err)
 	assert.Empty(t, offered, "pending, not offered")

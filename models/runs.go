@@ -522,15 +522,15 @@ WHERE id = ? AND attempt = ? AND state = ? AND claimed_at = ? AND (acked_at IS N
 // EndChain ends the chain headed by head after its last report and
 // returns its runs' states (ChainStates), the outcome of its activity.
 // Runs still handed out that no agent confirmed (handed ahead, acked_at
-// still its claimed_at) go back to pending first, at the attempt they had
-// before: no agent started them, as a chain ends on a report only once
+// still its claimed_at) go back to pending first, their attempt raised
+// (as TakeBackHandBack leaves it): no agent started them, as a chain ends on a report only once
 // its agent stopped going on (it reports the runs it ran, the interrupted
 // ones included, and starts none after a failure), and a poll must not
 // offer them after the run before them failed.
 func (s *Store) EndChain(ctx context.Context, head int64) (map[int64]string, error) {
 	var rows []TaskRun
 	err := s.DB.WithContext(ctx).Raw(`WITH back AS (
-  UPDATE task_runs r SET state = ?, attempt = r.attempt - 1, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
+  UPDATE task_runs r SET state = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL,
     started_at = NULL, updated_at = now()
   WHERE r.id IN (`+chainRunIDsSQL+`) AND r.chain_head = ? AND r.state = ? AND r.acked_at = r.claimed_at
   RETURNING r.id, r.state

@@ -94,6 +94,6 @@ func TestStopWithRunsHandedAhead(t *testing.T) {
 	for _, task := range []string{"t4", "t5", "t6"} {
 		r := runs[task+"@"+nodeName("n1")]
 		assert.Equal(t, contract.RunCancelled, r.State, task)
-		assert.Equal(t, 0, r.Attempt, "%s: released, never started", task)
+		assert.LessOrEqual(t, r.Attempt, 1, "%s: handed ahead at most once, released, never started", task)
 	}
 }

@@ -420,9 +420,10 @@ func TestBatchFallsBackToSingleReports(t *testing.T) {
 
 // A journal left by an agent killed while results were kept for a batch
 // (finished, report_pending) and a run going on (started) is reported at
-// the next start in one batch, in the journal's order; results an older
-// agent wrote (no report_pending) are not sent again, nor, after the API
-// took them, are these at a later start.
+// the next start in the journal's order, one result per request (they may
+// be different activities' runs); results an older agent wrote (no
+// report_pending) are not sent again, nor, after the API took them, are
+// these at a later start.
 func TestUnreportedResultsSentAtStart(t *testing.T) {
 	f := newFakeAPI(t)
 	dir := t.TempDir()
@@ -443,12 +444,14 @@ func TestUnreportedResultsSentAtStart(t *testing.T) {
 	})
 	f.batch.on = true
 	stop, _ := start(t, testConfig(t, f, dir))
-	posts := f.waitBatches(t, 1)
-	require.Len(t, posts, 1)
-	assert.Equal(t, []int64{2, 3, 4}, resultIDs(posts[0]), "one batch, in the order they ran")
+	posts := f.waitBatches(t, 3)
+	require.Len(t, posts, 3)
+	for i, id := range []int64{2, 3, 4} {
+		assert.Equal(t, []int64{id}, resultIDs(posts[i]), "one at a time, in the order they ran")
+	}
 	assert.Equal(t, "two\n", posts[0].Results[0].StdoutTail)
-	assert.Contains(t, posts[0].Results[1].Error, "interrupted: the agent")
-	assert.Equal(t, "four\n", posts[0].Results[2].StdoutTail)
+	assert.Contains(t, posts[1].Results[0].Error, "interrupted: the agent")
+	assert.Equal(t, "four\n", posts[2].Results[0].StdoutTail)
 	require.NoError(t, stop())
 	f.waitNoPolls(t)
 
@@ -462,8 +465,8 @@ func TestUnreportedResultsSentAtStart(t *testing.T) {
 	f.push(work(5, 1, "true"))
 	f.waitResults(t, 5, 1)
 	posts = f.batchPosts()
-	require.Len(t, posts, 2)
-	assert.Equal(t, []int64{5}, resultIDs(posts[1]), "nothing sent again")
+	require.Len(t, posts, 4)
+	assert.Equal(t, []int64{5}, resultIDs(posts[3]), "nothing sent again")
 	f.mu.Lock()
 	assert.Empty(t, f.results[1])
 	f.mu.Unlock()

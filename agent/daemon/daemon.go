@@ -964,8 +964,11 @@ func (a *agent) recover(ctx context.Context) {
 		a.log.Warn("cannot read the run records", "error", err)
 		return
 	}
-	// In the journal's order, the order they ran in: a chain's results
-	// reach the API in its order, in as few batches as fit.
+	// In the journal's order, the order they ran in, one result per
+	// request: they may be runs of different activities (a batch that
+	// failed to go out, then a run of the next poll), and the API
+	// continues a chain and completes an activity after a batch's last
+	// result only.
 	batch := make([]pendingReport, 0, len(recs))
 	for _, rec := range recs {
 		if ctx.Err() != nil {
@@ -984,10 +987,8 @@ func (a *agent) recover(ctx context.Context) {
 		a.logShipper(log, recordItem(rec)).drain(ctx, a)
 		batch = append(batch, pendingReport{log: log, rec: rec, res: *rec.Result})
 	}
-	for len(batch) > 0 && ctx.Err() == nil {
-		n := min(len(batch), protocol.MaxRunResults)
-		a.flush(ctx, batch[:n], nil)
-		batch = batch[n:]
+	for i := 0; i < len(batch) && ctx.Err() == nil; i++ {
+		a.flush(ctx, batch[i:i+1], nil)
 	}
 	// Logs last: an interrupted run's log is shipped from its file above.
 	a.pruneLogs()
