@@ -97,3 +97,53 @@ func TestStopWithRunsHandedAhead(t *testing.T) {
 		assert.LessOrEqual(t, r.Attempt, 1, "%s: handed ahead at most once, released, never started", task)
 	}
 }
+
+// aheadAckRelease splits n1's chain with a wait for n2's anchor task:
+// [t1, t2], then [t3 .. t6], whose first run follows t2, a short run.
+const aheadAckRelease = `
+name: aheadack
+version: "1"
+roles_metadata:
+  worker: {tags: [worker]}
+  anchor: {tags: [anchor]}
+graphs:
+  deployment:
+    tasks:
+      - {id: a1, tags: [anchor], parameters: {cmd: "sleep 1", timeout: 30}}
+      - {id: t1, tags: [worker], parameters: {cmd: "echo t1 >> %[1]s", timeout: 30}}
+      - {id: t2, tags: [worker], requires: [t1], parameters: {cmd: "echo t2 >> %[1]s", timeout: 30}}
+      - {id: t3, tags: [worker], requires: [t2], cross_depends: [{name: a1, tags: [anchor]}], parameters: {cmd: "echo t3 >> %[1]s", timeout: 30}}
+      - {id: t4, tags: [worker], requires: [t3], parameters: {cmd: "echo t4 >> %[1]s", timeout: 30}}
+      - {id: t5, tags: [worker], requires: [t4], parameters: {cmd: "echo t5 >> %[1]s", timeout: 30}}
+      - {id: t6, tags: [worker], requires: [t5], parameters: {cmd: "echo t6 >> %[1]s", timeout: 30}}
+`
+
+// TestChainHandedAheadWithTheAck: the first run of a chain that follows
+// a short run of its node (t3, after t2) is polled and acknowledged, and
+// the ack's answer hands the chain's next runs ahead (claimed before t3
+// even finished), so that the whole chain goes to the real agent with one
+// report; each task runs exactly once, in order.
+func TestChainHandedAheadWithTheAck(t *testing.T) {
+	st, count, agent, _ := agentDownOnN1(t, aheadAckRelease, "aheadack")
+	restartAgent(t, st, agent)
+	st.StartAgent(t, nodeName("n2"))
+	status, body := st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n2"), map[string]any{"deployment": "d1", "roles": []string{"anchor"}}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
+	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
+	require.Equal(t, models.TxReady, tx.Status, tx.Error)
+
+	data, err := os.ReadFile(count)
+	require.NoError(t, err)
+	assert.Equal(t, "t1\nt2\nt3\nt4\nt5\nt6\n", string(data), "each task once, in order, on the node")
+	runs := runsByKey(t, st, ans.TaskUUID, "")
+	t3 := runs["t3@"+nodeName("n1")]
+	require.NotNil(t, t3.FinishedAt)
+	for _, task := range []string{"t4", "t5", "t6"} {
+		r := runs[task+"@"+nodeName("n1")]
+		assert.Equal(t, contract.RunSucceeded, r.State, task)
+		assert.Equal(t, 1, r.Attempt, task)
+		require.NotNil(t, r.ClaimedAt, task)
+		assert.True(t, r.ClaimedAt.Before(*t3.FinishedAt), "%s handed ahead with t3's ack, before t3 finished", task)
+	}
+}
