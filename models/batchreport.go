@@ -23,11 +23,11 @@ import (
 // pending; their attempt stays raised, as TakeBackHandBack leaves it, so
 // that every hand-out of a run is an attempt of its own and a release
 // sent late cannot take back a later one), and up to @ahead of the
-// chain's next runs, dispatched as reportSQL dispatches one. It is all or
+// chain's next runs, dispatched as a single next run was. It is all or
 // nothing: unless every result's run is running at its attempt on the
 // node (a batch sent again, a run failed meanwhile), it writes nothing and
-// ReportRuns goes the general way. The chain goes on only as reportSQL
-// lets it (@dispatch: no result left outputs; the last succeeded; no run
+// ReportRuns goes the general way. The chain goes on only when nothing
+// needs deciding in Go first (@dispatch: no result left outputs; the last succeeded; no run
 // of the transaction has left outputs; LCM would not skip the run), and
 // each run walked must be pending and still linked: the walk stops at the
 // first that is not, which the general path (continueChain) then deals
@@ -77,7 +77,7 @@ ORDER BY n`
 // the run last (a CTE of one row with the columns of resultColumns): walk
 // follows the chain from last, through runs that may be handed ahead
 // (aheadableSQL; first adds to the first step's condition, ending in AND),
-// and next dispatches them, each as reportSQL dispatches one, with the
+// and next dispatches them, each as dispatch does, with the
 // chain's token and its inputs hash when no run has left outputs (its
 // runs see none: the agent starts none after one that left some).
 func aheadCTEs(first string) string {
@@ -102,7 +102,8 @@ func aheadCTEs(first string) string {
 }
 
 // aheadableSQL says whether run d of a chain may be handed ahead: pending,
-// its node still there, and not a run LCM would skip (see reportSQL).
+// its node still there, and not a run LCM would skip (as finalInputsOf
+// decides for a run that sees no outputs).
 var aheadableSQL = `d.state = 'pending' AND EXISTS (SELECT 1 FROM nodes n WHERE n.id = d.node_id)
     AND NOT (d.lcm AND d.inputs_base <> '' AND EXISTS (
       SELECT 1 FROM (
@@ -120,9 +121,9 @@ func prefixed(prefix, columns string) string {
 	return strings.Join(cols, ", ")
 }
 
-// batchReportStatement is batchReportSQL ready to run, as reportStatement
-// is reportSQL: the results' rows carry the columns of resultColumns (the
-// rest NULL), the runs handed ahead all of theirs.
+// batchReportStatement is batchReportSQL ready to run: the results' rows
+// carry the columns of resultColumns (the rest NULL), the runs handed
+// ahead all of theirs.
 var batchReportStatement = sync.OnceValue(func() reportQuery {
 	return reportQueryOf(batchReportSQL)
 })
@@ -151,6 +152,13 @@ type BatchReport struct {
 // ReportRun's general path stores it (a refused one refuses the batch:
 // nothing is written), and the chain's next run (continueChain).
 func (s *Store) ReportRuns(ctx context.Context, nodeID int64, batch protocol.RunResults, lease time.Duration, ahead int) (*BatchReport, error) {
+	return s.reportRuns(ctx, nodeID, batch, lease, ahead, "results[%d].")
+}
+
+// reportRuns is ReportRuns; a result's refused field is named with
+// fieldPrefix (a format taking the result's index; "" for a report of one
+// run, whose fields are the report's own).
+func (s *Store) reportRuns(ctx context.Context, nodeID int64, batch protocol.RunResults, lease time.Duration, ahead int, fieldPrefix string) (*BatchReport, error) {
 	if len(batch.Results) == 0 && len(batch.Released) == 0 {
 		return nil, Invalid("results", "must hold at least one result, or released a run")
 	}
@@ -171,7 +179,7 @@ func (s *Store) ReportRuns(ctx context.Context, nodeID int64, batch protocol.Run
 		// started go back.
 		return &BatchReport{}, releaseRuns(db, nodeID, batch.Released)
 	}
-	runs, err := s.resultsOf(db, nodeID, batch.Results)
+	runs, err := s.resultsOf(db, nodeID, batch.Results, fieldPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -222,8 +230,9 @@ func (s *Store) ReportRuns(ctx context.Context, nodeID int64, batch protocol.Run
 }
 
 // resultsOf is resultOf for each result of a batch, with the node's
-// redactor read once for all of them, and only if one holds text.
-func (s *Store) resultsOf(db *gorm.DB, nodeID int64, results []protocol.RunReport) ([]*TaskRun, error) {
+// redactor read once for all of them, and only if one holds text; a
+// refused field is named with fieldPrefix (see reportRuns).
+func (s *Store) resultsOf(db *gorm.DB, nodeID int64, results []protocol.RunReport, fieldPrefix string) ([]*TaskRun, error) {
 	var red *secrets.Redactor
 	runs := make([]*TaskRun, len(results))
 	for i, r := range results {
@@ -236,8 +245,8 @@ func (s *Store) resultsOf(db *gorm.DB, nodeID int64, results []protocol.RunRepor
 		run, err := resultRow(r.RunID, r.RunResult, red)
 		if err != nil {
 			var ie *InputError
-			if errors.As(err, &ie) {
-				ie.Field = fmt.Sprintf("results[%d].%s", i, ie.Field)
+			if errors.As(err, &ie) && fieldPrefix != "" {
+				ie.Field = fmt.Sprintf(fieldPrefix, i) + ie.Field
 			}
 			return nil, err
 		}

@@ -618,3 +618,23 @@ func TestPollOffersNoRunAheadOfItsPredecessor(t *testing.T) {
 	assert.Equal(t, db.ID, offered[0].ID)
 	assert.Equal(t, 1, offered[0].Attempt, "the same attempt")
 }
+
+// Runs handed ahead together whose answer does not go out are taken back
+// in one statement (TakeBackHandBacks), as long as no agent confirmed
+// them.
+func TestTakeBackRunsHandedAhead(t *testing.T) {
+	f, txn, setup, db, first := chainOfSetupAndDB(t)
+	finishedBefore(t, f, db.ID, 10*time.Millisecond)
+	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, 100*time.Millisecond, models.MaxAheadRuns)
+	require.NoError(t, err)
+	require.Len(t, ahead, 1)
+	statements := countStatements(t, f, func(string) bool { return true })
+	n, err := f.Store.TakeBackHandBacks(f.Ctx, ahead)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n)
+	assert.EqualValues(t, 1, statements.Load())
+	assert.Equal(t, contract.RunPending, f.RunsByLabel(t, txn)["db@"+storetest.CtlName].State)
+	n, err = f.Store.TakeBackHandBacks(f.Ctx, ahead)
+	require.NoError(t, err)
+	assert.Zero(t, n, "taken back already")
+}

@@ -73,7 +73,7 @@ func ScanTaskRuns(db *gorm.DB, query string, args ...any) ([]TaskRun, error) {
 }
 
 // TaskRunColumns are the task_runs columns TaskRun has fields for.
-func TaskRunColumns() []string { return reportStatement().columns }
+func TaskRunColumns() []string { return batchReportStatement().columns }
 
 // PositionalSQL is positionalSQL, for its test.
 var PositionalSQL = positionalSQL

@@ -506,17 +506,30 @@ chain_head = NULL, chain_next = NULL, updated_at = now() WHERE id = ?`, contract
 // whether it took it back. The attempt number stays raised: the next
 // dispatch skips one, which only shows in the run's attempt count.
 func (s *Store) TakeBackHandBack(ctx context.Context, next *TaskRun) (bool, error) {
-	if next.ClaimedAt == nil {
-		return false, nil
+	n, err := s.TakeBackHandBacks(ctx, []TaskRun{*next})
+	return n == 1, err
+}
+
+// TakeBackHandBacks is TakeBackHandBack for runs handed out together (one
+// statement's, so one claim: runs handed ahead), in one statement. It
+// returns how many it took back.
+func (s *Store) TakeBackHandBacks(ctx context.Context, runs []TaskRun) (int64, error) {
+	if len(runs) == 0 || runs[0].ClaimedAt == nil {
+		return 0, nil
 	}
-	res := s.DB.WithContext(ctx).Exec(`UPDATE task_runs
+	ids, attempts := make([]int64, len(runs)), make([]int64, len(runs))
+	for i, r := range runs {
+		ids[i], attempts[i] = r.ID, int64(r.Attempt)
+	}
+	res := s.DB.WithContext(ctx).Exec(`UPDATE task_runs t
 SET state = ?, claimed_at = NULL, acked_at = NULL, lease_until = NULL, started_at = NULL, updated_at = now()
-WHERE id = ? AND attempt = ? AND state = ? AND claimed_at = ? AND (acked_at IS NULL OR acked_at = claimed_at)`,
-		contract.RunPending, next.ID, next.Attempt, contract.RunRunning, *next.ClaimedAt)
+FROM unnest(?::bigint[], ?::int[]) AS x(id, attempt)
+WHERE t.id = x.id AND t.attempt = x.attempt AND t.state = ? AND t.claimed_at = ? AND (t.acked_at IS NULL OR t.acked_at = t.claimed_at)`,
+		contract.RunPending, int64Array(ids), int64Array(attempts), contract.RunRunning, *runs[0].ClaimedAt)
 	if res.Error != nil {
-		return false, fmt.Errorf("take back the dispatch of run %d: %w", next.ID, res.Error)
+		return 0, fmt.Errorf("take back the dispatch of runs %v: %w", ids, res.Error)
 	}
-	return res.RowsAffected == 1, nil
+	return res.RowsAffected, nil
 }
 
 // EndChain ends the chain headed by head after its last report and
@@ -894,68 +907,16 @@ type ReportedRun struct {
 // ReportRun stores an agent's report of a run of its own node: the end of
 // the run's log the report carries (res.Log; see AppendRunLog), its result
 // (RecordRunResult) and, when the run succeeded in a chain, the dispatch
-// of the chain's next run (continueChain). The common report (its run
-// running, no log or the first chunk of one, and a next run with nothing
-// to read or decide in Go first) is one statement (reportAndContinue):
-// one round trip and one commit, each commit waiting for a flush of the
-// write-ahead log. When that statement recorded the result but left the
-// chain to Go (the next run sees outputs, LCM may skip it, it ended
-// already), the chain goes on in a second transaction, as it would for
-// the same report sent again. Any other report is one transaction: a
-// report refused (its log's offset, its attempt, its run no longer
-// running) writes nothing, its log included, and the agent then ships the
-// log on its own. The chain's next run is locked after the reported one,
-// in id order, as EndLostChain and CutChain lock a chain's runs.
+// of the chain's next run, handed back to the agent. It is ReportRuns for
+// a batch of one that hands no run ahead (older agents report so): the
+// common report is one statement, any other one transaction, and a report
+// refused writes nothing, its log included.
 func (s *Store) ReportRun(ctx context.Context, nodeID, runID int64, res protocol.RunResult, lease time.Duration) (*ReportedRun, error) {
-	db := s.DB.WithContext(ctx)
-	run, err := s.resultOf(db, nodeID, runID, res)
+	out, err := s.reportRuns(ctx, nodeID, protocol.RunResults{Results: []protocol.RunReport{{RunID: runID, RunResult: res}}}, lease, 1, "")
 	if err != nil {
 		return nil, err
 	}
-	if chunk := firstChunkOf(res); res.Log == nil || chunk != nil {
-		written := *run
-		recorded, logStored, next, err := reportAndContinue(db, &written, nodeID, res.Attempt, chunk, len(res.Outputs) == 0, lease)
-		if err != nil {
-			return nil, err
-		}
-		if recorded {
-			out := &ReportedRun{RecordedResult: RecordedResult{Run: &written, Changed: true}, Next: next, Fresh: next != nil}
-			if chunk != nil && !logStored {
-				// The log has a row already (a log request came first):
-				// the general path, idempotent by offset, stores it or
-				// says why not (the agent then ships it on its own, and
-				// reports again: a repeated report).
-				if _, err := appendRunLog(db, nodeID, runID, res.Attempt, 0, chunk); err != nil {
-					return nil, err
-				}
-			}
-			if next == nil && chainGoesOn(&written) {
-				err = db.Transaction(func(tx *gorm.DB) error {
-					var err error
-					out.Next, out.Fresh, err = continueChain(tx, &written, lease)
-					return err
-				})
-			}
-			if err != nil {
-				return nil, err
-			}
-			return out, nil
-		}
-	}
-	out := &ReportedRun{}
-	err = db.Transaction(func(tx *gorm.DB) error {
-		rec, err := storeResult(tx, run, nodeID, res, true)
-		if err != nil {
-			return err
-		}
-		out.RecordedResult = *rec
-		out.Next, out.Fresh, err = continueChain(tx, rec.Run, lease)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return &out.ReportedRun, nil
 }
 
 // resultOf checks a report (checkResult) and makes the row it writes to

@@ -10,7 +10,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// The report's statement (reportSQL) is on every run's path, and gorm's
+// The report's statement (batchReportSQL) is on every run's path, and gorm's
 // generic handling of it was a tenth of the worker's CPU at 1,000 nodes:
 // expanding its named parameters walks the whole statement at each call,
 // and its reflective scan of the answer's two rows. What is here does both

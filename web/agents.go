@@ -664,14 +664,10 @@ func (s *Server) aheadItems(ctx context.Context, runs []models.TaskRun) ([]proto
 }
 
 // takeBack returns runs handed ahead whose answer does not go out to
-// pending (models.Store.TakeBackHandBack).
+// pending (models.Store.TakeBackHandBacks).
 func (s *Server) takeBack(ctx context.Context, runs []models.TaskRun) error {
-	for i := range runs {
-		if _, err := s.cfg.Store.TakeBackHandBack(ctx, &runs[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := s.cfg.Store.TakeBackHandBacks(ctx, runs)
+	return err
 }
 
 // checkResultLog checks the end of a run's log that its report carries

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/workflows/contract"
 )
@@ -42,23 +43,9 @@ graphs:
 func TestChainHandedAheadRunsOnceEach(t *testing.T) {
 	st, count, agent, _ := agentDownOnN1(t, aheadRelease, "ahead")
 	restartAgent(t, st, agent)
-	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
-	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
-	require.Equal(t, models.TxReady, tx.Status, tx.Error)
-
-	data, err := os.ReadFile(count)
-	require.NoError(t, err)
-	assert.Equal(t, "t1\nt2\nt3\nt4\nt5\nt6\n", string(data), "each task once, in order, on the node")
-	runs := runsByKey(t, st, ans.TaskUUID, "")
+	runs := runSixOnce(t, st, count)
 	claims := map[time.Time]int{}
-	for i := 1; i <= 6; i++ {
-		r := runs[fmt.Sprintf("t%d@%s", i, nodeName("n1"))]
-		assert.Equal(t, contract.RunSucceeded, r.State, r.TaskName)
-		assert.Equal(t, 1, r.Attempt, r.TaskName)
-		require.NotNil(t, r.ClaimedAt)
-		require.NotNil(t, r.StartedAt)
-		require.NotNil(t, r.FinishedAt)
-		assert.False(t, r.FinishedAt.Before(*r.StartedAt), "%s: started when the agent says, before it finished", r.TaskName)
+	for _, r := range runs {
 		claims[r.ClaimedAt.UTC()]++
 	}
 	most := 0
@@ -129,21 +116,36 @@ func TestChainHandedAheadWithTheAck(t *testing.T) {
 	st.StartAgent(t, nodeName("n2"))
 	status, body := st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n2"), map[string]any{"deployment": "d1", "roles": []string{"anchor"}}, nil)
 	require.Equal(t, http.StatusOK, status, "%s", body)
+	runs := runSixOnce(t, st, count)
+	for _, r := range runs[3:] {
+		assert.True(t, r.ClaimedAt.Before(*runs[2].FinishedAt), "%s handed ahead with t3's ack, before t3 finished", r.TaskName)
+	}
+}
+
+// runSixOnce executes d1's deployment graph, whose tasks t1 to t6 on n1
+// append their names to count, and checks that it succeeds with each
+// task run once, in order, on the node, each run with its own state,
+// first attempt and times (a run handed ahead started when the agent
+// says). It returns n1's runs t1 to t6.
+func runSixOnce(t *testing.T, st *testenv.Stack, count string) []models.TaskRun {
+	t.Helper()
 	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
 	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
 	require.Equal(t, models.TxReady, tx.Status, tx.Error)
-
 	data, err := os.ReadFile(count)
 	require.NoError(t, err)
 	assert.Equal(t, "t1\nt2\nt3\nt4\nt5\nt6\n", string(data), "each task once, in order, on the node")
-	runs := runsByKey(t, st, ans.TaskUUID, "")
-	t3 := runs["t3@"+nodeName("n1")]
-	require.NotNil(t, t3.FinishedAt)
-	for _, task := range []string{"t4", "t5", "t6"} {
-		r := runs[task+"@"+nodeName("n1")]
-		assert.Equal(t, contract.RunSucceeded, r.State, task)
-		assert.Equal(t, 1, r.Attempt, task)
-		require.NotNil(t, r.ClaimedAt, task)
-		assert.True(t, r.ClaimedAt.Before(*t3.FinishedAt), "%s handed ahead with t3's ack, before t3 finished", task)
+	byKey := runsByKey(t, st, ans.TaskUUID, "")
+	runs := make([]models.TaskRun, 6)
+	for i := range runs {
+		r := byKey[fmt.Sprintf("t%d@%s", i+1, nodeName("n1"))]
+		assert.Equal(t, contract.RunSucceeded, r.State, r.TaskName)
+		assert.Equal(t, 1, r.Attempt, r.TaskName)
+		require.NotNil(t, r.ClaimedAt, r.TaskName)
+		require.NotNil(t, r.StartedAt, r.TaskName)
+		require.NotNil(t, r.FinishedAt, r.TaskName)
+		assert.False(t, r.FinishedAt.Before(*r.StartedAt), "%s: started when the agent says, before it finished", r.TaskName)
+		runs[i] = r
 	}
+	return runs
 }
