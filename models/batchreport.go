@@ -323,43 +323,41 @@ func batchReport(db *gorm.DB, nodeID int64, batch protocol.RunResults, runs []*T
 	if err != nil {
 		return nil, false, fmt.Errorf("record the results of runs %v: %w", ids, err)
 	}
-	rows, err := rawPositional(db, q.sql, args).Rows()
-	if err != nil {
-		return nil, false, fmt.Errorf("record the results of runs %v: %w", ids, err)
-	}
-	defer rows.Close()
 	out := &BatchReport{}
 	recorded := 0
 	logStored := map[int64]bool{}
-	for rows.Next() {
-		var step int
-		var row TaskRun
-		var stored bool
-		dests, err := row.taskRunDests(q.columns)
-		if err != nil {
-			return nil, false, err
-		}
-		if err := rows.Scan(append(append([]any{&step}, dests...), &stored)...); err != nil {
-			return nil, false, fmt.Errorf("read the results of runs %v: %w", ids, err)
-		}
-		switch {
-		case step == 0:
-			for _, run := range runs {
-				if run.ID == row.ID {
-					readBack(run, row)
-				}
+	err = queryGenericPlan(db, q.sql, args, func(rows rowReader) error {
+		for rows.Next() {
+			var step int
+			var row TaskRun
+			var stored bool
+			dests, err := row.taskRunDests(q.columns)
+			if err != nil {
+				return err
 			}
-			recorded++
-			logStored[row.ID] = stored
-		case step == 1:
-			out.Next = &row
-			out.Fresh = true
-		default:
-			out.Ahead = append(out.Ahead, row)
+			if err := rows.Scan(append(append([]any{&step}, dests...), &stored)...); err != nil {
+				return err
+			}
+			switch {
+			case step == 0:
+				for _, run := range runs {
+					if run.ID == row.ID {
+						readBack(run, row)
+					}
+				}
+				recorded++
+				logStored[row.ID] = stored
+			case step == 1:
+				out.Next = &row
+				out.Fresh = true
+			default:
+				out.Ahead = append(out.Ahead, row)
+			}
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, false, fmt.Errorf("read the results of runs %v: %w", ids, err)
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("record the results of runs %v: %w", ids, err)
 	}
 	if recorded == 0 {
 		return nil, false, nil
@@ -424,26 +422,24 @@ func (s *Store) HandAhead(ctx context.Context, nodeID, runID int64, attempt int,
 	if err != nil {
 		return nil, fmt.Errorf("hand ahead the runs after run %d: %w", runID, err)
 	}
-	rows, err := rawPositional(s.DB.WithContext(ctx), q.sql, args).Rows()
+	var out []TaskRun
+	err = queryGenericPlan(s.DB.WithContext(ctx), q.sql, args, func(rows rowReader) error {
+		for rows.Next() {
+			var row TaskRun
+			dests, err := row.taskRunDests(q.columns)
+			if err != nil {
+				return err
+			}
+			if err := rows.Scan(dests...); err != nil {
+				return err
+			}
+			row.Context = noOutputsContext()
+			out = append(out, row)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("hand ahead the runs after run %d: %w", runID, err)
-	}
-	defer rows.Close()
-	var out []TaskRun
-	for rows.Next() {
-		var row TaskRun
-		dests, err := row.taskRunDests(q.columns)
-		if err != nil {
-			return nil, err
-		}
-		if err := rows.Scan(dests...); err != nil {
-			return nil, fmt.Errorf("read the runs handed ahead after run %d: %w", runID, err)
-		}
-		row.Context = noOutputsContext()
-		out = append(out, row)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the runs handed ahead after run %d: %w", runID, err)
 	}
 	return out, nil
 }

@@ -92,3 +92,9 @@ func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) 
 	err := s.DB.WithContext(ctx).Raw(nextOfferSQL, nodeID).Row().Scan(&next)
 	return next.Time, err
 }
+
+// RowReader is what QueryGenericPlan hands its rows to.
+type RowReader = rowReader
+
+// QueryGenericPlan runs a statement as the report's runs, for its test.
+var QueryGenericPlan = queryGenericPlan
