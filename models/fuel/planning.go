@@ -131,7 +131,7 @@ WHERE c.transaction_id = ? AND c.graph_index = ? AND p.node_id <> c.node_id`, id
 		}
 		return nil
 	})
-	if err == nil && out.Runs >= analyzeAfterRuns {
+	if err == nil && out.Runs >= analyzeAfterRuns && s.runStatisticsOutgrown(ctx, out.Runs) {
 		// A large plan grows the tables by orders of magnitude at once.
 		// Until autovacuum analyzes them (up to a minute later), the
 		// planner keeps the statistics of small tables and scans all of a
@@ -140,6 +140,10 @@ WHERE c.transaction_id = ? AND c.graph_index = ? AND p.node_id <> c.node_id`, id
 		// tasks, three times per node) and each dispatch. Best effort: the
 		// plan is committed, and autovacuum gets there in the end, so a
 		// table locked by another ANALYZE or a VACUUM is not waited for.
+		// Only when the plan at least doubles the table as the statistics
+		// know it: an ANALYZE also makes every connection plan again each
+		// statement it had prepared on these tables, a cost paid at every
+		// transaction of a site with a history for nothing.
 		aerr := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			if err := tx.Exec("SET LOCAL lock_timeout = '1s'").Error; err != nil {
 				return err
@@ -157,6 +161,17 @@ WHERE c.transaction_id = ? AND c.graph_index = ? AND p.node_id <> c.node_id`, id
 // analyzeAfterRuns is the size of a plan after which the planner statistics
 // of runs and edges are refreshed at once (see PlanGraph).
 const analyzeAfterRuns = 500
+
+// runStatisticsOutgrown says whether a plan of runs at least doubles
+// task_runs as the planner's statistics count it (pg_class.reltuples: -1,
+// or 0, before its first ANALYZE). Unknown is yes.
+func (s *Store) runStatisticsOutgrown(ctx context.Context, runs int) bool {
+	var known float64
+	if err := s.DB.WithContext(ctx).Raw("SELECT reltuples FROM pg_class WHERE oid = 'task_runs'::regclass").Scan(&known).Error; err != nil {
+		return true
+	}
+	return known <= float64(runs)
+}
 
 // nodeDep says that a run on node After waits for a run on node Before.
 type nodeDep struct{ Before, After int64 }
