@@ -44,32 +44,27 @@ WHERE r.transaction_id = ? AND r.state IN ('succeeded', 'skipped') AND r.outputs
 	return out, err
 }
 
-// ScanTaskRuns reads the task runs query selects (TaskRunColumns, in any
-// order) as the report's statement reads its answer (TaskRun.columnDest),
-// for the test that this reads what gorm reads.
+// ScanTaskRuns reads the task runs query selects (positional, its columns
+// those of TaskRunColumns, in that order) as the report's statement reads
+// its answer (queryGenericPlan, TaskRun.columnDest), for the test that this
+// reads what gorm reads.
 func ScanTaskRuns(db *gorm.DB, query string, args ...any) ([]TaskRun, error) {
-	rows, err := db.Raw(query, args...).Rows()
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	columns, err := rows.Columns()
-	if err != nil {
-		return nil, err
-	}
 	var runs []TaskRun
-	for rows.Next() {
-		var r TaskRun
-		dests, err := r.taskRunDests(columns)
-		if err != nil {
-			return nil, err
+	err := queryGenericPlan(db, query, args, func(rows rowReader) error {
+		for rows.Next() {
+			var r TaskRun
+			dests, err := r.taskRunDests(TaskRunColumns())
+			if err != nil {
+				return err
+			}
+			if err := rows.Scan(dests...); err != nil {
+				return err
+			}
+			runs = append(runs, r)
 		}
-		if err := rows.Scan(dests...); err != nil {
-			return nil, err
-		}
-		runs = append(runs, r)
-	}
-	return runs, rows.Err()
+		return nil
+	})
+	return runs, err
 }
 
 // TaskRunColumns are the task_runs columns TaskRun has fields for.

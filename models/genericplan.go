@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 )
@@ -45,24 +46,52 @@ type rowReader interface {
 // was. It goes through gorm's raw callbacks, as rawPositional does, so
 // that its logger and the tests' statement counts see it.
 func queryGenericPlan(db *gorm.DB, query string, args []any, read func(rows rowReader) error) error {
+	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
+		// db.DB() would hand back the transaction's pool: the statement
+		// would run outside the transaction, commit whatever became of it,
+		// and could wait on its locks.
+		return errors.New("a statement with a generic plan runs on a connection of its own, not inside a transaction")
+	}
 	sqlDB, err := db.DB()
 	if err != nil {
 		return fmt.Errorf("a connection for a generic plan: %w", err)
 	}
+	// A connection found broken before anything was sent on it is dropped
+	// and the statement tried once more on another, as database/sql does
+	// for a query.
+	for attempt := 1; ; attempt++ {
+		err := genericPlanOnce(db, sqlDB, query, args, read)
+		if attempt == 2 || !pgconn.SafeToRetry(err) {
+			return err
+		}
+	}
+}
+
+// genericPlanOnce is queryGenericPlan on one connection of sqlDB.
+func genericPlanOnce(db *gorm.DB, sqlDB *sql.DB, query string, args []any, read func(rows rowReader) error) error {
 	conn, err := sqlDB.Conn(db.Statement.Context)
 	if err != nil {
 		return fmt.Errorf("a connection for a generic plan: %w", err)
 	}
 	defer conn.Close()
-	return conn.Raw(func(dc any) error {
+	var stmtErr error
+	err = conn.Raw(func(dc any) error {
 		pc, ok := dc.(*stdlib.Conn)
 		if !ok {
 			return fmt.Errorf("a generic plan needs a pgx connection, not %T", dc)
 		}
 		tx := rawPositional(db.Session(&gorm.Session{NewDB: true}), query, args)
 		tx.Statement.ConnPool = genericPlanConn{conn: pc.Conn(), read: read}
-		return tx.Callback().Raw().Execute(tx).Error
+		stmtErr = tx.Callback().Raw().Execute(tx).Error
+		if pgconn.SafeToRetry(stmtErr) {
+			return driver.ErrBadConn // the pool closes the connection
+		}
+		return stmtErr
 	})
+	if stmtErr != nil {
+		return stmtErr
+	}
+	return err
 }
 
 // genericPlanConn is a gorm connection pool of one pgx connection whose
@@ -79,19 +108,27 @@ func (c genericPlanConn) ExecContext(ctx context.Context, query string, args ...
 	b.Queue(forceGenericPlanSQL)
 	b.Queue(query, args...)
 	results := c.conn.SendBatch(ctx, b)
+	// Close reads the pipeline to its end (the commit) and returns the
+	// first error again: it is kept only when nothing failed before it.
+	closeWith := func(err error) error {
+		if cerr := results.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}
 	if _, err := results.Exec(); err != nil {
-		return nil, errors.Join(err, results.Close())
+		return nil, closeWith(err)
 	}
 	rows, err := results.Query()
 	if err != nil {
-		return nil, errors.Join(err, results.Close())
+		return nil, closeWith(err)
 	}
 	err = c.read(rows)
 	rows.Close()
 	if err == nil {
 		err = rows.Err()
 	}
-	return driver.RowsAffected(rows.CommandTag().RowsAffected()), errors.Join(err, results.Close())
+	return driver.RowsAffected(rows.CommandTag().RowsAffected()), closeWith(err)
 }
 
 var errOnlyExec = errors.New("a generic plan's connection runs its one statement only")

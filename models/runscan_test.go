@@ -14,7 +14,8 @@ import (
 )
 
 // The report's statement scans its rows column by column instead of through
-// gorm: what it reads must be what gorm reads, for rows with every kind of
+// gorm, from pgx's rows (queryGenericPlan): what it reads must be what gorm
+// reads through database/sql, for rows with every kind of
 // value (a chain dispatched and reported: tokens, times, chain links; JSON
 // outputs and attributes) and for a row of NULLs (the reported run's row
 // of that statement is mostly NULLs).
@@ -27,7 +28,7 @@ func TestScanTaskRunsReadsWhatGormReads(t *testing.T) {
 		attrs_out = '{}', exit_code = 3 WHERE id = ?`, setup.ID).Error)
 
 	columns := models.TaskRunColumns()
-	all := "SELECT " + strings.Join(columns, ", ") + " FROM task_runs WHERE transaction_id = ? ORDER BY id"
+	all := "SELECT " + strings.Join(columns, ", ") + " FROM task_runs WHERE transaction_id = $1 ORDER BY id"
 	var nulls []string
 	for _, c := range columns {
 		if c == "id" {
