@@ -128,8 +128,14 @@ var batchReportStatement = sync.OnceValue(func() reportQuery {
 	return reportQueryOf(batchReportSQL)
 })
 
-// MaxAheadRuns is the most runs of a chain one answer hands ahead.
-const MaxAheadRuns = 8
+// MaxAheadRuns is the most runs of a chain one answer hands ahead. At 8, a
+// chain of ten short runs took three reports (its first run alone, the
+// eight handed ahead after it, then the last); at 16 it takes two. The
+// agent still starts them only within the answer's window (AheadMs), and
+// releases those it did not start. A release of more than 8 refused by an
+// API older than this (400) leaves the runs to be taken back at their
+// chain's end, as a lost release does.
+const MaxAheadRuns = 16
 
 // BatchReport says what ReportRuns did: the last result as ReportRun
 // says it, and the runs handed ahead after Next.
