@@ -396,18 +396,24 @@ func batchReport(db *gorm.DB, nodeID int64, batch protocol.RunResults, runs []*T
 // @run, running at @attempt on node @node: what an acknowledgement that
 // asks for them (protocol.RunAck.Ahead) gets back. Only after a short run:
 // the last run the node finished in the same graph took less than @short
-// seconds (so a chain of long runs, or one that starts a graph, does not
-// show runs running that wait behind a long one, nor get them failed, not
-// cancelled, should its transaction be ended meanwhile).
+// seconds, or, when none has finished there yet (the chain starts the
+// graph), the last run of the same task on the node did, in an earlier
+// transaction (task_runs_lcm_idx finds it). So a chain of long runs, or
+// one whose first run was long the last time, does not show runs running
+// that wait behind a long one, nor get them failed, not cancelled, should
+// its transaction be ended meanwhile.
 var handAheadSQL = `WITH RECURSIVE last AS (
   SELECT ` + prefixed("h.", resultColumns) + ` FROM task_runs h
   WHERE h.id = @run AND h.node_id = @node AND h.attempt = @attempt AND h.state = 'running'
-    AND EXISTS (SELECT 1 FROM (
-      SELECT p.started_at, p.finished_at FROM task_runs p
+    AND COALESCE((
+      SELECT p.finished_at - p.started_at < make_interval(secs => @short) FROM task_runs p
       WHERE p.transaction_id = h.transaction_id AND p.graph_index = h.graph_index AND p.node_id = h.node_id
         AND p.finished_at IS NOT NULL AND p.started_at IS NOT NULL
-      ORDER BY p.finished_at DESC LIMIT 1) p
-      WHERE p.finished_at - p.started_at < make_interval(secs => @short))
+      ORDER BY p.finished_at DESC LIMIT 1), (
+      SELECT p.finished_at - p.started_at < make_interval(secs => @short) FROM task_runs p
+      WHERE p.node_id = h.node_id AND p.graph_type = h.graph_type AND p.task_name = h.task_name
+        AND p.finished_at IS NOT NULL AND p.transaction_id IS NOT NULL AND p.started_at IS NOT NULL
+      ORDER BY p.finished_at DESC LIMIT 1), false)
 ), ` + aheadCTEs("WHERE") + `
 SELECT %[2]s FROM next d ORDER BY n`
 
@@ -418,8 +424,9 @@ var handAheadStatement = sync.OnceValue(func() reportQuery { return reportQueryO
 // by its node's agent, running at attempt) ahead to that agent, in one
 // statement, as ReportRuns does after a report: each pending and still
 // linked, not skipped by LCM, seeing no outputs. It does only when the
-// last run its node finished in the run's graph took less than short. It
-// returns them in order, none when run is in no chain, ends it, follows
+// last run its node finished in the run's graph took less than short (or,
+// none finished there yet, the last run of the same task on the node did).
+// It returns them in order, none when run is in no chain, ends it, follows
 // no short run, or the runs after it are not to be handed out yet.
 func (s *Store) HandAhead(ctx context.Context, nodeID, runID int64, attempt int, lease, short time.Duration, ahead int) ([]TaskRun, error) {
 	q := handAheadStatement()

@@ -46,3 +46,40 @@ func TestChainOfTenHandedOutAfterItsFirstReport(t *testing.T) {
 	}
 	assert.Equal(t, ids[1:], got, "the chain's nine other runs, in order")
 }
+
+// A chain that starts its graph goes ahead with its first run's
+// acknowledgement when that task was short on the node the last time (an
+// earlier transaction), and not when it was long: no run of the graph has
+// finished yet to tell.
+func TestChainStartingAGraphGoesAheadAfterAShortLastTime(t *testing.T) {
+	ctx := context.Background()
+	const short = 100 * time.Millisecond
+	for _, tc := range []struct {
+		lastTime time.Duration
+		ahead    int
+	}{{10 * time.Millisecond, 2}, {time.Second, 0}} {
+		store, _, dep := chainDeployment(t, 1, 3)
+		first := deploymentTransaction(t, store, dep)
+		_, err := store.PlanGraph(ctx, first.ID, 0)
+		require.NoError(t, err)
+		// Failed, so that LCM skips none of them this time.
+		require.NoError(t, store.DB.Exec(`UPDATE task_runs SET state = 'failed', started_at = now() - interval '1 min',
+  finished_at = now() - interval '1 min' + make_interval(secs => ?) WHERE transaction_id = ?`, tc.lastTime.Seconds(), first.ID).Error)
+		require.NoError(t, store.DB.Exec("UPDATE transactions SET status = ? WHERE id = ?", models.TxReady, first.ID).Error)
+
+		txn := deploymentTransaction(t, store, dep)
+		_, err = store.PlanGraph(ctx, txn.ID, 0)
+		require.NoError(t, err)
+		var runs []models.TaskRun
+		require.NoError(t, store.DB.Where("transaction_id = ?", txn.ID).Order("position").Find(&runs).Error)
+		require.Len(t, runs, 3)
+		run, err := store.DispatchChain(ctx, []int64{runs[0].ID, runs[1].ID, runs[2].ID}, []byte("token"))
+		require.NoError(t, err)
+		require.Equal(t, runs[0].ID, run.ID)
+		_, err = store.AckRun(ctx, run.NodeID, run.ID, run.Attempt)
+		require.NoError(t, err)
+		ahead, err := store.HandAhead(ctx, run.NodeID, run.ID, run.Attempt, time.Minute, short, models.MaxAheadRuns)
+		require.NoError(t, err)
+		assert.Len(t, ahead, tc.ahead, "t01 took %s the last time", tc.lastTime)
+	}
+}
