@@ -10,6 +10,8 @@ import (
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
+	"github.com/anneal-dev/anneal/models/fuel"
+	"github.com/anneal-dev/anneal/models/storetest"
 )
 
 // A chain of ten short runs goes out whole after its first run's report:
@@ -18,11 +20,7 @@ import (
 func TestChainOfTenHandedOutAfterItsFirstReport(t *testing.T) {
 	ctx := context.Background()
 	store, _, dep := chainDeployment(t, 1, 10)
-	txn := deploymentTransaction(t, store, dep)
-	_, err := store.PlanGraph(ctx, txn.ID, 0)
-	require.NoError(t, err)
-	var runs []models.TaskRun
-	require.NoError(t, store.DB.Where("transaction_id = ?", txn.ID).Order("position").Find(&runs).Error)
+	_, runs := planned(t, store, dep)
 	require.Len(t, runs, 10)
 	ids := make([]int64, len(runs))
 	for i, r := range runs {
@@ -59,19 +57,13 @@ func TestChainStartingAGraphGoesAheadAfterAShortLastTime(t *testing.T) {
 		ahead    int
 	}{{10 * time.Millisecond, 2}, {time.Second, 0}} {
 		store, _, dep := chainDeployment(t, 1, 3)
-		first := deploymentTransaction(t, store, dep)
-		_, err := store.PlanGraph(ctx, first.ID, 0)
-		require.NoError(t, err)
+		first, _ := planned(t, store, dep)
 		// Failed, so that LCM skips none of them this time.
 		require.NoError(t, store.DB.Exec(`UPDATE task_runs SET state = 'failed', started_at = now() - interval '1 min',
   finished_at = now() - interval '1 min' + make_interval(secs => ?) WHERE transaction_id = ?`, tc.lastTime.Seconds(), first.ID).Error)
 		require.NoError(t, store.DB.Exec("UPDATE transactions SET status = ? WHERE id = ?", models.TxReady, first.ID).Error)
 
-		txn := deploymentTransaction(t, store, dep)
-		_, err = store.PlanGraph(ctx, txn.ID, 0)
-		require.NoError(t, err)
-		var runs []models.TaskRun
-		require.NoError(t, store.DB.Where("transaction_id = ?", txn.ID).Order("position").Find(&runs).Error)
+		_, runs := planned(t, store, dep)
 		require.Len(t, runs, 3)
 		run, err := store.DispatchChain(ctx, []int64{runs[0].ID, runs[1].ID, runs[2].ID}, []byte("token"))
 		require.NoError(t, err)
@@ -82,4 +74,16 @@ func TestChainStartingAGraphGoesAheadAfterAShortLastTime(t *testing.T) {
 		require.NoError(t, err)
 		assert.Len(t, ahead, tc.ahead, "t01 took %s the last time", tc.lastTime)
 	}
+}
+
+// planned plans a new transaction of dep's deployment graph and returns
+// it with its runs in plan order.
+func planned(t *testing.T, store *storetest.Stores, dep *models.Deployment) (*fuel.Transaction, []models.TaskRun) {
+	t.Helper()
+	txn := deploymentTransaction(t, store, dep)
+	_, err := store.PlanGraph(context.Background(), txn.ID, 0)
+	require.NoError(t, err)
+	var runs []models.TaskRun
+	require.NoError(t, store.DB.Where("transaction_id = ?", txn.ID).Order("position").Find(&runs).Error)
+	return txn, runs
 }
