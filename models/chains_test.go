@@ -562,11 +562,8 @@ func TestHandAheadAtTheAck(t *testing.T) {
 // no poll offers them after the run before them failed.
 func TestEndChainTakesBackRunsHandedAhead(t *testing.T) {
 	f, txn, setup, db, first := chainOfSetupAndDB(t)
-	finishedBefore(t, f, db.ID, 10*time.Millisecond)
-	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, 100*time.Millisecond, models.MaxAheadRuns)
-	require.NoError(t, err)
-	require.Len(t, ahead, 1)
-	_, err = f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{
+	handDBAhead(t, f, setup, db, first, time.Minute)
+	_, err := f.Store.ReportRuns(f.Ctx, f.Ctl.ID, protocol.RunResults{Results: []protocol.RunReport{
 		{RunID: setup.ID, RunResult: protocol.RunResult{Attempt: first.Attempt, ExitCode: -1, Error: "interrupted"}}}}, time.Minute, 1)
 	require.NoError(t, err)
 	states, err := f.Store.EndChain(f.Ctx, setup.ID)
@@ -582,6 +579,17 @@ func TestEndChainTakesBackRunsHandedAhead(t *testing.T) {
 
 // finishedBefore adds a run to the node and graph of run like that
 // finished a second ago after took: what HandAhead looks at.
+// handDBAhead hands db ahead with setup's ack (a short run of the node
+// finished first), at lease, and returns what was handed ahead: db.
+func handDBAhead(t *testing.T, f *storetest.Fixture, setup, db models.TaskRun, first *models.TaskRun, lease time.Duration) []models.TaskRun {
+	t.Helper()
+	finishedBefore(t, f, db.ID, 10*time.Millisecond)
+	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, lease, 100*time.Millisecond, models.MaxAheadRuns)
+	require.NoError(t, err)
+	require.Len(t, ahead, 1)
+	return ahead
+}
+
 func finishedBefore(t *testing.T, f *storetest.Fixture, like int64, took time.Duration) {
 	t.Helper()
 	require.NoError(t, f.Store.DB.Exec(`INSERT INTO task_runs
@@ -598,10 +606,7 @@ func TestPollOffersNoRunAheadOfItsPredecessor(t *testing.T) {
 	f, _, setup, db, first := chainOfSetupAndDB(t)
 	_, err := f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt)
 	require.NoError(t, err)
-	finishedBefore(t, f, db.ID, 10*time.Millisecond)
-	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Millisecond, 100*time.Millisecond, models.MaxAheadRuns)
-	require.NoError(t, err)
-	require.Len(t, ahead, 1)
+	handDBAhead(t, f, setup, db, first, time.Millisecond)
 	time.Sleep(20 * time.Millisecond) // its lease runs out
 	offered, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, time.Millisecond)
 	require.NoError(t, err)
@@ -624,10 +629,7 @@ func TestPollOffersNoRunAheadOfItsPredecessor(t *testing.T) {
 // them.
 func TestTakeBackRunsHandedAhead(t *testing.T) {
 	f, txn, setup, db, first := chainOfSetupAndDB(t)
-	finishedBefore(t, f, db.ID, 10*time.Millisecond)
-	ahead, err := f.Store.HandAhead(f.Ctx, f.Ctl.ID, setup.ID, first.Attempt, time.Minute, 100*time.Millisecond, models.MaxAheadRuns)
-	require.NoError(t, err)
-	require.Len(t, ahead, 1)
+	ahead := handDBAhead(t, f, setup, db, first, time.Minute)
 	statements := countStatements(t, f, func(string) bool { return true })
 	n, err := f.Store.TakeBackHandBacks(f.Ctx, ahead)
 	require.NoError(t, err)

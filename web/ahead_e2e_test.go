@@ -43,7 +43,7 @@ graphs:
 func TestChainHandedAheadRunsOnceEach(t *testing.T) {
 	st, count, agent, _ := agentDownOnN1(t, aheadRelease, "ahead")
 	restartAgent(t, st, agent)
-	runs := runSixOnce(t, st, count)
+	runs := runSixOnce(t, st, count, false)
 	claims := map[time.Time]int{}
 	for _, r := range runs {
 		claims[r.ClaimedAt.UTC()]++
@@ -116,20 +116,22 @@ func TestChainHandedAheadWithTheAck(t *testing.T) {
 	st.StartAgent(t, nodeName("n2"))
 	status, body := st.Do(t, http.MethodPatch, "/api/v1/nodes/"+nodeName("n2"), map[string]any{"deployment": "d1", "roles": []string{"anchor"}}, nil)
 	require.Equal(t, http.StatusOK, status, "%s", body)
-	runs := runSixOnce(t, st, count)
+	runs := runSixOnce(t, st, count, false)
 	for _, r := range runs[3:] {
 		assert.True(t, r.ClaimedAt.Before(*runs[2].FinishedAt), "%s handed ahead with t3's ack, before t3 finished", r.TaskName)
 	}
 }
 
-// runSixOnce executes d1's deployment graph, whose tasks t1 to t6 on n1
-// append their names to count, and checks that it succeeds with each
+// runSixOnce executes d1's deployment graph (again, with force: every
+// task runs though nothing changed), whose tasks t1 to t6 on n1 append
+// their names to count (emptied first), and checks that it succeeds with each
 // task run once, in order, on the node, each run with its own state,
 // first attempt and times (a run handed ahead started when the agent
 // says). It returns n1's runs t1 to t6.
-func runSixOnce(t *testing.T, st *testenv.Stack, count string) []models.TaskRun {
+func runSixOnce(t *testing.T, st *testenv.Stack, count string, force bool) []models.TaskRun {
 	t.Helper()
-	ans := execute(t, st, map[string]any{"deployment": "d1", "graphs": []map[string]any{{"type": "deployment"}}})
+	require.NoError(t, os.WriteFile(count, nil, 0o644))
+	ans := execute(t, st, map[string]any{"deployment": "d1", "force": force, "graphs": []map[string]any{{"type": "deployment"}}})
 	tx := waitDone(t, st, ans.TaskUUID, 60*time.Second)
 	require.Equal(t, models.TxReady, tx.Status, tx.Error)
 	data, err := os.ReadFile(count)
@@ -148,4 +150,20 @@ func runSixOnce(t *testing.T, st *testenv.Stack, count string) []models.TaskRun 
 		runs[i] = r
 	}
 	return runs
+}
+
+// TestGraphStartHandedAheadAfterAShortLastTime: the first time d1's graph
+// runs, no run of n1 has finished to tell whether t1 is short, and t2
+// goes out with t1's report; the second time, t1 was short the last time,
+// so the chain that starts the graph goes ahead with t1's ack (t2 to t6
+// claimed before t1 finished), each task still run once, in order.
+func TestGraphStartHandedAheadAfterAShortLastTime(t *testing.T) {
+	st, count, agent, _ := agentDownOnN1(t, aheadRelease, "ahead")
+	restartAgent(t, st, agent)
+	first := runSixOnce(t, st, count, false)
+	assert.False(t, first[1].ClaimedAt.Before(*first[0].FinishedAt), "the first time, t2 waits for t1's report")
+	again := runSixOnce(t, st, count, true)
+	for _, r := range again[1:] {
+		assert.True(t, r.ClaimedAt.Before(*again[0].FinishedAt), "%s handed ahead with t1's ack, before t1 finished", r.TaskName)
+	}
 }
