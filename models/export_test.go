@@ -75,7 +75,7 @@ var PositionalSQL = positionalSQL
 
 // ClaimWork is ClaimWorkOrNextOffer's claim alone, for tests.
 func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, error) {
-	runs, _, err := s.ClaimWorkOrNextOffer(ctx, nodeID, lease)
+	runs, _, err := s.ClaimWorkOrNextOffer(ctx, nodeID, lease, false)
 	return runs, err
 }
 

@@ -35,7 +35,7 @@ func TestClaimLease(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, next.IsZero(), "nothing handed out yet")
 
-	claimed, next, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease)
+	claimed, next, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, false)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	assert.True(t, next.IsZero(), "a poll that claims has no next offer to wait for")
@@ -45,7 +45,7 @@ func TestClaimLease(t *testing.T) {
 	assert.Equal(t, setup.Spec, claimed[0].Spec, "the claimed run comes whole")
 	// The one query that claims nothing answers when to look again, as
 	// NextOffer does.
-	again, polled, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease)
+	again, polled, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, false)
 	require.NoError(t, err)
 	assert.Empty(t, again, "within the lease the run is not offered again")
 	next, err = f.Store.NextOffer(f.Ctx, f.Ctl.ID)
@@ -53,7 +53,7 @@ func TestClaimLease(t *testing.T) {
 	require.False(t, next.IsZero())
 	assert.WithinDuration(t, time.Now().Add(lease), next, 2*time.Second)
 	assert.True(t, polled.Equal(next), "claim's next offer %v, NextOffer's %v", polled, next)
-	other, otherNext, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Cmp.ID, lease)
+	other, otherNext, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Cmp.ID, lease, false)
 	require.NoError(t, err)
 	assert.Empty(t, other)
 	assert.True(t, otherNext.IsZero(), "another node has nothing handed out")
@@ -120,6 +120,76 @@ func TestClaimLease(t *testing.T) {
 	assert.Equal(t, contract.RunSucceeded, done.State)
 }
 
+// TestClaimAsAcknowledged: a poll that needs no ack (the agent's
+// protocol.WorkAheadParam) takes the runs it claims as acknowledged, as a
+// hand-back is (acked_at = claimed_at), but not for good: one whose answer
+// was lost is offered again once its lease has passed, with the same
+// attempt, until the agent's first run heartbeat (AckRun) or its result
+// confirms it. Meanwhile it counts as delivered (RunDelivery), as a
+// hand-back does: the agent may have started it.
+func TestClaimAsAcknowledged(t *testing.T) {
+	f := storetest.NewFixture(t)
+	txn, _ := f.Plan(t)
+	setup := f.RunsByLabel(t, txn)["setup@"+storetest.CtlName]
+	const lease = 300 * time.Millisecond
+	_, err := f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-1"))
+	require.NoError(t, err)
+
+	claimed, _, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, true)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.NotNil(t, claimed[0].AckedAt, "taken as acknowledged")
+	assert.True(t, claimed[0].AckedAt.Equal(*claimed[0].ClaimedAt), "acked_at = claimed_at: not confirmed")
+	d, err := f.Store.RunDelivery(f.Ctx, setup.ID)
+	require.NoError(t, err)
+	assert.True(t, d.Acked)
+	again, next, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, true)
+	require.NoError(t, err)
+	assert.Empty(t, again, "within the lease it is not offered again")
+	assert.WithinDuration(t, time.Now().Add(lease), next, 2*time.Second, "the poll looks again when the lease ends")
+
+	// The answer was lost: offered again after the lease, same attempt,
+	// still taken as acknowledged, to a poll that asks either way.
+	require.Eventually(t, func() bool {
+		again, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+		require.NoError(t, err)
+		return len(again) == 1
+	}, 5*time.Second, 50*time.Millisecond, "an unconfirmed run is offered again after its lease")
+	assert.Equal(t, 1, again[0].Attempt)
+	require.NotNil(t, again[0].AckedAt)
+	assert.True(t, again[0].AckedAt.Equal(*again[0].ClaimedAt))
+
+	// The first run heartbeat confirms it: never offered again.
+	acked, err := f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 1)
+	require.NoError(t, err)
+	assert.Equal(t, contract.RunRunning, acked.State)
+	time.Sleep(2 * lease)
+	again, next, err = f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, true)
+	require.NoError(t, err)
+	assert.Empty(t, again, "a confirmed run is delivered")
+	assert.True(t, next.IsZero())
+
+	// So does a result, for a run too short to heartbeat.
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-2"))
+	require.NoError(t, err)
+	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	assert.Nil(t, claimed[0].AckedAt, "a poll that asks for acks leaves the run unacknowledged")
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-3"))
+	require.NoError(t, err)
+	claimed, _, err = f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, true)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	assert.Equal(t, 3, claimed[0].Attempt)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 3})
+	require.NoError(t, err)
+	time.Sleep(2 * lease)
+	again, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	require.NoError(t, err)
+	assert.Empty(t, again)
+}
+
 // TestClaimLeaseSkipsWorkerRuns: a run the worker executes for a node
 // (claimed when it starts, without a lease) never reaches the agent.
 func TestClaimLeaseSkipsWorkerRuns(t *testing.T) {
@@ -176,14 +246,14 @@ func TestWorkQueriesUseAnIndex(t *testing.T) {
 	for _, q := range []struct {
 		sql    string
 		params string
-	}{{models.ClaimWorkSQL, "(float8, bigint)"}, {models.NextOfferSQL, "(bigint)"}, {models.ClaimOrNextOfferSQL, "(float8, bigint, bigint)"}} {
+	}{{models.ClaimWorkSQL, "(float8, boolean, bigint)"}, {models.NextOfferSQL, "(bigint)"}, {models.ClaimOrNextOfferSQL, "(float8, boolean, bigint, bigint)"}} {
 		// Number the placeholders as PREPARE wants them.
 		sql, n := q.sql, 0
 		for strings.Contains(sql, "?") {
 			n++
 			sql = strings.Replace(sql, "?", fmt.Sprintf("$%d", n), 1)
 		}
-		args := map[int]string{1: "(1)", 2: "(5, 1)", 3: "(5, 1, 1)"}[n]
+		args := map[int]string{1: "(1)", 3: "(5, true, 1)", 4: "(5, true, 1, 1)"}[n]
 		var plan []string
 		err := f.Store.DB.Connection(func(tx *gorm.DB) error {
 			for _, stmt := range []string{"SET enable_seqscan = off", "SET plan_cache_mode = force_generic_plan",

@@ -596,14 +596,21 @@ const DefaultAckLease = 5 * time.Second
 // transaction has left outputs yet (as a dispatch's lockRunAndNode reads
 // it), so that its work item spares the walk up its ancestors for outputs
 // when none has.
-func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease time.Duration) ([]TaskRun, time.Time, error) {
+//
+// asAcked takes the runs claimed as acknowledged, as a hand-back is
+// (acked_at = claimed_at; see offerableSQL), for an agent that says it
+// needs no ack for them (protocol.WorkAheadParam): its first run
+// heartbeat or its result confirms each, and one not confirmed when its
+// lease has passed is offered again, as one not acknowledged is. The
+// agent's record makes that safe too: it never runs a run+attempt twice.
+func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease time.Duration, asAcked bool) ([]TaskRun, time.Time, error) {
 	lease = ackLeaseOr(lease)
 	var rows []struct {
 		TaskRun
 		OutputsLeft bool
 		NextOffer   *time.Time
 	}
-	err := s.DB.WithContext(ctx).Raw(claimOrNextOfferSQL, lease.Seconds(), nodeID, nodeID).Find(&rows).Error
+	err := s.DB.WithContext(ctx).Raw(claimOrNextOfferSQL, lease.Seconds(), asAcked, nodeID, nodeID).Find(&rows).Error
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("claim work of node %d: %w", nodeID, err)
 	}
@@ -624,7 +631,7 @@ func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease ti
 }
 
 // claimOrNextOfferSQL is claimWorkSQL and nextOfferSQL in one statement
-// (lease seconds, node, node): the runs claimed, each with whether its
+// (lease seconds, as acknowledged, node, node): the runs claimed, each with whether its
 // transaction has outputs yet (outputs_left, read from the snapshot before
 // the claim, which changes no outputs), or, when none is, one row of NULLs
 // whose next_offer is nextOfferSQL's answer, which the claim that changed
@@ -637,29 +644,33 @@ UNION ALL
 SELECT (NULL::task_runs).*, false, (` + nextOfferSQL + `)
 WHERE NOT EXISTS (SELECT 1 FROM claimed)`
 
-// claimWorkSQL claims a node's runs to hand out (lease seconds, node).
-// A run not acknowledged is offered, and one handed back with a report's
-// answer that its agent has not confirmed (acked_at = claimed_at: see
-// chainLink) once its lease has passed; the latter stays marked so.
+// claimWorkSQL claims a node's runs to hand out (lease seconds, as
+// acknowledged, node). A run not acknowledged is offered, and one handed
+// back with a report's answer, or taken as acknowledged by a poll, that
+// its agent has not confirmed (acked_at = claimed_at: see chainLink)
+// once its lease has passed; the latter stays marked so, and so is the
+// former when the poll takes it as acknowledged.
 const claimWorkSQL = `
 UPDATE task_runs t SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now(),
-  acked_at = CASE WHEN acked_at IS NOT NULL THEN now() END
+  acked_at = CASE WHEN acked_at IS NOT NULL OR ?::boolean THEN now() END
 WHERE t.node_id = ? AND ` + offerableSQL + `
   AND (t.claimed_at IS NULL OR t.lease_until <= now())
 RETURNING *`
 
 // offerableSQL says whether run t, dispatched to its node, may be offered
-// to the node's poll: not acknowledged, or handed back (acked_at =
-// claimed_at) and not confirmed, right after a run of its chain that
-// ended well. A run handed ahead behind one that has not (still running,
-// failed, or its link taken by a stop) is not: a poll hands runs out one
-// by one, and would run it whatever became of the run before it; it is
-// released, taken back at the chain's end (EndChain), or failed with its
-// lost chain (EndLostChain).
-const offerableSQL = `t.state = 'running' AND (t.acked_at IS NULL OR (t.acked_at = t.claimed_at AND EXISTS (
+// to the node's poll: not acknowledged, or taken as acknowledged (acked_at
+// = claimed_at) and not confirmed, when it is a poll's (it heads its
+// chain, or is in none) or was handed back right after a run of its chain
+// that ended well. A run handed ahead behind one that has not (still
+// running, failed, or its link taken by a stop) is not: a poll hands runs
+// out one by one, and would run it whatever became of the run before it;
+// it is released, taken back at the chain's end (EndChain), or failed
+// with its lost chain (EndLostChain).
+const offerableSQL = `t.state = 'running' AND (t.acked_at IS NULL OR (t.acked_at = t.claimed_at AND (
+  t.chain_head IS NULL OR t.chain_head = t.id OR EXISTS (
     SELECT 1 FROM task_runs p
     WHERE p.transaction_id = t.transaction_id AND p.graph_index = t.graph_index AND p.node_id = t.node_id
-      AND p.chain_next = t.id AND p.chain_head = t.chain_head AND p.state IN ('succeeded', 'skipped'))))`
+      AND p.chain_next = t.id AND p.chain_head = t.chain_head AND p.state IN ('succeeded', 'skipped')))))`
 
 // nextOfferSQL finds when a node's next unacknowledged run is offered
 // again (node).

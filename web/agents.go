@@ -165,9 +165,19 @@ func (s *Server) longPollUntil(ctx context.Context, kind string, nodeID int64, w
 // ?wait= for some to arrive; a NOTIFY from the dispatching activity wakes it.
 // A run it hands out is offered again after the ack lease unless the agent
 // acknowledges it (agentRunAck, or its first run heartbeat or result).
+//
+// An agent that polls with protocol.WorkAheadParam is spared the ack: the
+// runs are claimed as acknowledged (confirmed by their first run heartbeat
+// or result, offered again after the lease until then), and the answer
+// does what the ack would: it heartbeats each run's activity and hands the
+// first run's chain's next runs ahead.
 func (s *Server) agentWork(c echo.Context) error {
 	nodeID := principal(c).NodeID
 	wait, err := pollWait(c)
+	if err != nil {
+		return err
+	}
+	asAcked, err := pollAhead(c)
 	if err != nil {
 		return err
 	}
@@ -177,17 +187,89 @@ func (s *Server) agentWork(c echo.Context) error {
 		// lease runs out (next); no notification announces that.
 		var next time.Time
 		var err error
-		runs, next, err = s.cfg.Store.ClaimWorkOrNextOffer(ctx, nodeID, s.ackLease())
+		runs, next, err = s.cfg.Store.ClaimWorkOrNextOffer(ctx, nodeID, s.ackLease(), asAcked)
 		return len(runs) > 0, next, err
 	})
 	if err != nil {
 		return err
 	}
-	resp, err := s.workResponse(c.Request().Context(), runs)
+	ctx := c.Request().Context()
+	resp, err := s.workResponse(ctx, runs)
 	if err != nil {
 		return err
 	}
+	if asAcked {
+		if err := s.acceptedWithPoll(ctx, nodeID, runs, &resp); err != nil {
+			return err
+		}
+	}
 	return c.JSON(http.StatusOK, resp)
+}
+
+// pollAhead reads ?ahead= of a poll (protocol.WorkAheadParam).
+func pollAhead(c echo.Context) (bool, error) {
+	v := c.QueryParam(protocol.WorkAheadParam)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, &models.InputError{Status: http.StatusBadRequest, Field: protocol.WorkAheadParam, Reason: fmt.Sprintf("%q is not a boolean like 1", v)}
+	}
+	return b, nil
+}
+
+// acceptedWithPoll does for the runs a poll claimed as acknowledged what
+// agentRunAck does for a run: it heartbeats the activity of each that has
+// its own (naming its task), and hands the chain's next runs ahead with
+// the answer's first run. A run whose activity is gone goes out marked
+// not acknowledged, so that the agent's ack hears it and does not start
+// it.
+func (s *Server) acceptedWithPoll(ctx context.Context, nodeID int64, runs []models.TaskRun, resp *protocol.WorkResponse) error {
+	byID := make(map[int64]*models.TaskRun, len(runs))
+	for i := range runs {
+		byID[runs[i].ID] = &runs[i]
+	}
+	for i := range resp.Runs {
+		item := &resp.Runs[i]
+		run := byID[item.RunID]
+		if run == nil || !item.Acknowledged || !ownActivity(run) {
+			continue
+		}
+		cancel, err := s.activityHeartbeat(ctx, run)
+		if err != nil {
+			// The claim is stored; the run heartbeats will follow.
+			s.log.Warn("run handed out but its activity heartbeat failed", "run", run.ID, "error", err)
+		}
+		item.Acknowledged = !cancel
+	}
+	if len(resp.Runs) == 0 || !resp.Runs[0].Acknowledged {
+		return nil
+	}
+	first := byID[resp.Runs[0].RunID]
+	if first.ChainHead == nil || first.ChainNext == nil {
+		return nil
+	}
+	ahead, err := s.cfg.Store.HandAhead(ctx, nodeID, first.ID, first.Attempt, s.ackLease(), aheadAfter, models.MaxAheadRuns)
+	if err != nil {
+		return err
+	}
+	if resp.Ahead, err = s.aheadItems(ctx, ahead); err != nil {
+		return err
+	}
+	if len(resp.Ahead) > 0 {
+		resp.AheadMs = int(aheadWindow / time.Millisecond)
+	}
+	return nil
+}
+
+// ownActivity says whether a run has its own activity to heartbeat: it
+// is in no chain or heads it. A chain's later runs are heartbeated with
+// its activity by heartbeatChain, as often as it needs (each heartbeat is
+// a write on the Temporal server; the agent's run heartbeats cover a long
+// run).
+func ownActivity(run *models.TaskRun) bool {
+	return run.ChainHead == nil || *run.ChainHead == run.ID
 }
 
 // workResponse hands out claimed runs with the outputs of the runs they
@@ -389,11 +471,7 @@ func (s *Server) agentRunAck(c echo.Context) error {
 		return apiError(http.StatusConflict, "run_not_running", fmt.Sprintf("run %d is %s, not running: do not execute it", runID, run.State))
 	}
 	var answer protocol.RunAckResponse
-	if run.ChainHead == nil || *run.ChainHead == run.ID {
-		// A chain's run after its first is not heartbeated here: the
-		// chain's activity is heartbeated by heartbeatChain as often as it
-		// needs (each heartbeat is a write on the Temporal server; the
-		// agent's run heartbeats cover a long run).
+	if ownActivity(run) {
 		if answer.Cancel, err = s.activityHeartbeat(ctx, run); err != nil {
 			// The acknowledgement is stored; the run heartbeats will follow.
 			s.log.Warn("run acknowledged but its activity heartbeat failed", "run", runID, "error", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,7 +40,8 @@ graphs:
 
 // restartAgent runs a real agent again on a stopped one's work directory
 // (its stored credential), like a node agent restarted by its init system.
-func restartAgent(t *testing.T, st *testenv.Stack, a *testenv.Agent) {
+// It returns what stops it again (at the test's end at the latest).
+func restartAgent(t *testing.T, st *testenv.Stack, a *testenv.Agent) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -49,7 +51,10 @@ func restartAgent(t *testing.T, st *testenv.Stack, a *testenv.Agent) {
 		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: testenv.Logger(t).With("agent", a.Name),
 	}
 	go func() { done <- daemon.Run(ctx, cfg) }()
-	t.Cleanup(func() { cancel(); <-done })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // agentDownOnN1 starts a stack with the release of text (its node-side
@@ -91,7 +96,7 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	var claimed []models.TaskRun
 	require.Eventually(t, func() bool {
 		var err error
-		claimed, _, err = st.Store.ClaimWorkOrNextOffer(ctx, node.ID, lease)
+		claimed, _, err = st.Store.ClaimWorkOrNextOffer(ctx, node.ID, lease, false)
 		require.NoError(t, err)
 		return len(claimed) == 1
 	}, 30*time.Second, 50*time.Millisecond, "the run is dispatched to n1")
@@ -121,7 +126,7 @@ func TestLostClaimRunsExactlyOnce(t *testing.T) {
 	assert.Equal(t, "ran\n", string(data), "executed exactly once on the node")
 
 	// Delivered: never offered again.
-	again, _, err := st.Store.ClaimWorkOrNextOffer(ctx, node.ID, time.Millisecond)
+	again, _, err := st.Store.ClaimWorkOrNextOffer(ctx, node.ID, time.Millisecond, false)
 	require.NoError(t, err)
 	assert.Empty(t, again)
 

@@ -27,8 +27,12 @@ type fakeBatches struct {
 	// last result is the key's, for aheadMs; ackAhead, those handed ahead
 	// with the answer to the key's ack that asks, which ackCancel answers
 	// with cancel too.
-	ahead     map[int64][]protocol.WorkItem
-	ackAhead  map[int64][]protocol.WorkItem
+	ahead    map[int64][]protocol.WorkItem
+	ackAhead map[int64][]protocol.WorkItem
+	// pollAhead holds the runs handed ahead with the answer to a poll
+	// that asks (protocol.WorkAheadParam) and hands out the key's run,
+	// taken as acknowledged then.
+	pollAhead map[int64][]protocol.WorkItem
 	ackCancel map[int64]bool
 	aheadMs   int
 	// releaseStatus answers batches that only release runs with this
@@ -139,6 +143,35 @@ func (f *fakeAPI) handAheadWithAck(after int64, ms int, cancel bool, items ...pr
 		f.batch.ackAhead, f.batch.ackCancel = map[int64][]protocol.WorkItem{}, map[int64]bool{}
 	}
 	f.batch.ackAhead[after], f.batch.ackCancel[after] = items, cancel
+}
+
+// handAheadWithPoll has the answer to a poll that asks and hands out run
+// after take it as acknowledged and hand items ahead with it for ms
+// milliseconds, as the API does.
+func (f *fakeAPI) handAheadWithPoll(after int64, ms int, items ...protocol.WorkItem) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range items {
+		items[i].Acknowledged = true
+	}
+	f.batch.on, f.batch.aheadMs = true, ms
+	if f.batch.pollAhead == nil {
+		f.batch.pollAhead = map[int64][]protocol.WorkItem{}
+	}
+	f.batch.pollAhead[after] = items
+}
+
+// pollAnswer answers a poll that asks (protocol.WorkAheadParam) with
+// runs: the first taken as acknowledged, with the runs handed ahead after
+// it, when handAheadWithPoll set some. The caller holds mu.
+func (f *fakeAPI) pollAnswer(runs []protocol.WorkItem) protocol.WorkResponse {
+	next := f.batch.pollAhead[runs[0].RunID]
+	if len(next) == 0 {
+		return protocol.WorkResponse{Runs: runs}
+	}
+	delete(f.batch.pollAhead, runs[0].RunID)
+	runs[0].Acknowledged = true
+	return protocol.WorkResponse{Runs: runs, Ahead: next, AheadMs: f.batch.aheadMs}
 }
 
 // ackAnswer answers run id's ack. The caller holds mu.
@@ -369,6 +402,65 @@ func TestAheadHandedWithAck(t *testing.T) {
 		for _, id := range []int64{1, 2, 3} {
 			assert.Equal(t, []bool{false}, f.ackAheads[id], "run %d", id)
 		}
+	})
+}
+
+// The answer to a poll may take its run as acknowledged and hand the
+// chain's next runs ahead with it (the agent polls asking, as it reports
+// batches): no ack is sent for any, they run in order, and all the
+// results go in one batch. An agent that finds no batch route asks no
+// more.
+func TestAheadHandedWithPoll(t *testing.T) {
+	t.Run("handed ahead", func(t *testing.T) {
+		f := newFakeAPI(t)
+		count := filepath.Join(t.TempDir(), "count")
+		f.handAheadWithPoll(1, 10000, work(2, 1, "echo two >> "+count), work(3, 1, "echo three >> "+count))
+		start(t, testConfig(t, f, t.TempDir()))
+		f.push(work(1, 1, "echo one >> "+count))
+
+		posts := f.waitBatches(t, 1)
+		require.Len(t, posts, 1)
+		assert.Equal(t, []int64{1, 2, 3}, resultIDs(posts[0]), "one batch, in the order they ran")
+		assert.Empty(t, posts[0].Released)
+		data, err := os.ReadFile(count)
+		require.NoError(t, err)
+		assert.Equal(t, "one\ntwo\nthree\n", string(data))
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.True(t, f.pollAheads[0], "the poll asked")
+		for _, id := range []int64{1, 2, 3} {
+			assert.Empty(t, f.acks[id], "run %d: no ack", id)
+			assert.Zero(t, f.resultPosts[id], "run %d: no single report", id)
+		}
+	})
+	t.Run("late", func(t *testing.T) {
+		// The window has passed when the first run ends: the runs ahead
+		// are released, never run.
+		f := newFakeAPI(t)
+		count := filepath.Join(t.TempDir(), "count")
+		f.handAheadWithPoll(1, 1, work(2, 1, appendCmd(count)), work(3, 1, appendCmd(count)))
+		start(t, testConfig(t, f, t.TempDir()))
+		f.push(work(1, 1, "sleep 0.2"))
+		f.waitResults(t, 1, 1)
+		var released []int64
+		for _, p := range f.batchPosts() {
+			released = append(released, releasedIDs(p)...)
+		}
+		assert.Equal(t, []int64{2, 3}, released)
+		assert.Zero(t, countLines(t, count), "none ran")
+	})
+	t.Run("older API", func(t *testing.T) {
+		f := newFakeAPI(t) // no batch route: its polls hand nothing ahead
+		start(t, testConfig(t, f, t.TempDir()))
+		f.push(work(1, 1, "echo one"))
+		f.waitResults(t, 1, 1)
+		f.push(work(2, 1, "echo two"))
+		f.waitResults(t, 2, 1)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.Equal(t, []int{1}, f.acks[1], "acknowledged: the poll's answer did not take it")
+		assert.True(t, f.pollAheads[0], "asked before the agent knew")
+		assert.False(t, f.pollAheads[len(f.pollAheads)-1], "not once it found no batch route")
 	})
 }
 

@@ -35,6 +35,14 @@ type WorkSource interface {
 	Fetch(ctx context.Context) ([]protocol.WorkItem, error)
 }
 
+// AheadSource is a WorkSource that can poll as an agent that reports
+// batches (protocol.WorkAheadParam): the runs come marked acknowledged,
+// needing no ack, and the first may head its chain's next runs, handed
+// ahead (protocol.WorkResponse.Ahead).
+type AheadSource interface {
+	FetchAhead(ctx context.Context) (protocol.WorkResponse, error)
+}
+
 // Executor runs one work item until it finishes or ctx is done. Everything
 // that goes wrong is described in the result.
 type Executor interface {
@@ -545,12 +553,7 @@ func (a *agent) workLoop(ctx context.Context) {
 		runs := a.takeHandedBack()
 		var err error
 		if len(runs) == 0 {
-			var items []protocol.WorkItem
-			items, err = a.src.Fetch(ctx)
-			runs = make([]queued, len(items))
-			for i, item := range items {
-				runs[i] = queued{item: item}
-			}
+			runs, err = a.fetch(ctx)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -576,6 +579,36 @@ func (a *agent) workLoop(ctx context.Context) {
 	}
 }
 
+// fetch long-polls for work. An agent that reports batches polls as one
+// (AheadSource, when the source can): the first run may then head runs
+// handed ahead, as a report's answer's does.
+func (a *agent) fetch(ctx context.Context) ([]queued, error) {
+	src, ok := a.src.(AheadSource)
+	if !ok || a.batchReporter() == nil {
+		items, err := a.src.Fetch(ctx)
+		return queuedOf(items), err
+	}
+	resp, err := src.FetchAhead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	received := time.Now()
+	runs := queuedOf(resp.Runs)
+	if len(runs) > 0 && len(resp.Ahead) > 0 && resp.AheadMs > 0 {
+		runs[0].ahead = a.newAheadList(ctx, resp.Ahead, received.Add(time.Duration(resp.AheadMs)*time.Millisecond))
+	}
+	return runs, nil
+}
+
+// queuedOf queues runs handed out one by one.
+func queuedOf(items []protocol.WorkItem) []queued {
+	runs := make([]queued, len(items))
+	for i, item := range items {
+		runs[i] = queued{item: item}
+	}
+	return runs
+}
+
 // queued is a run for the work loop: from a poll, or handed back with a
 // report's answer, where it may head a list of runs handed ahead.
 type queued struct {
@@ -585,8 +618,9 @@ type queued struct {
 
 // aheadList is what is left of the runs handed ahead after the run that
 // heads them: by a report's answer (protocol.RunResultResponse.AheadMs),
-// the first of which is queued heading the others, or by the answer to
-// the head's ack (protocol.RunAckResponse).
+// the first of which is queued heading the others, by the answer to the
+// head's ack (protocol.RunAckResponse), or by the poll that handed out
+// the head (protocol.WorkResponse.Ahead).
 type aheadList struct {
 	until time.Time // none starts at or after it
 	// goOn says that the last result was kept for the batch (submit):

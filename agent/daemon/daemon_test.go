@@ -43,8 +43,9 @@ type fakeAPI struct {
 	heartbeats        []protocol.HeartbeatRequest
 	heartbeatEverySec int // the period the heartbeat's answers ask for
 	waits             []string
-	polling           int // work fetches being answered
-	generation        int // the agent process work is handed to (see testConfig)
+	pollAheads        []bool // whether each poll asked as an agent that runs runs ahead (protocol.WorkAheadParam)
+	polling           int    // work fetches being answered
+	generation        int    // the agent process work is handed to (see testConfig)
 	queue             []protocol.WorkItem
 	notify            chan struct{}
 	runHeartbeats     map[int64]int
@@ -202,6 +203,8 @@ func (f *fakeAPI) work(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	f.waits = append(f.waits, r.URL.Query().Get("wait"))
+	asked := r.URL.Query().Get(protocol.WorkAheadParam) == "1"
+	f.pollAheads = append(f.pollAheads, asked)
 	f.polling++
 	f.mu.Unlock()
 	defer func() {
@@ -221,9 +224,13 @@ func (f *fakeAPI) work(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		runs := f.queue
 		f.queue = nil
+		resp := protocol.WorkResponse{Runs: runs}
+		if asked && len(runs) > 0 {
+			resp = f.pollAnswer(runs)
+		}
 		f.mu.Unlock()
 		if len(runs) > 0 {
-			writeJSON(w, protocol.WorkResponse{Runs: runs})
+			writeJSON(w, resp)
 			return
 		}
 		select {

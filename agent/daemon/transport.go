@@ -125,12 +125,25 @@ func (t *HTTPTransport) Heartbeat(ctx context.Context, req protocol.HeartbeatReq
 // Fetch long-polls for work: GET PathWork?wait=<PollWait>s.
 func (t *HTTPTransport) Fetch(ctx context.Context) ([]protocol.WorkItem, error) {
 	var resp protocol.WorkResponse
-	q := url.Values{"wait": {strconv.Itoa(t.waitSeconds()) + "s"}}
-	timeout := time.Duration(t.waitSeconds())*time.Second + t.timeout()
-	if err := t.do(ctx, http.MethodGet, protocol.PathWork, q, t.Token, timeout, nil, &resp); err != nil {
+	if err := t.poll(ctx, url.Values{}, &resp); err != nil {
 		return nil, err
 	}
 	return resp.Runs, nil
+}
+
+// FetchAhead long-polls for work as Fetch does, as an agent that runs
+// runs handed ahead: GET PathWork?wait=<PollWait>s&ahead=1.
+func (t *HTTPTransport) FetchAhead(ctx context.Context) (protocol.WorkResponse, error) {
+	var resp protocol.WorkResponse
+	err := t.poll(ctx, url.Values{protocol.WorkAheadParam: {"1"}}, &resp)
+	return resp, err
+}
+
+// poll is one long poll for work, with the query q besides its wait.
+func (t *HTTPTransport) poll(ctx context.Context, q url.Values, resp *protocol.WorkResponse) error {
+	q.Set("wait", strconv.Itoa(t.waitSeconds())+"s")
+	timeout := time.Duration(t.waitSeconds())*time.Second + t.timeout()
+	return t.do(ctx, http.MethodGet, protocol.PathWork, q, t.Token, timeout, nil, resp)
 }
 
 // Report sends a finished run's result, and returns the runs the API

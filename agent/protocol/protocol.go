@@ -16,8 +16,11 @@ import (
 
 // Paths of the agent endpoints, relative to the API base URL.
 const (
-	PathRegister     = "/api/v1/agent/register"
-	PathHeartbeat    = "/api/v1/agent/heartbeat"
+	PathRegister  = "/api/v1/agent/register"
+	PathHeartbeat = "/api/v1/agent/heartbeat"
+	// PathWork long-polls for work (WorkResponse): GET with
+	// ?wait=<duration> and, from an agent that reports batches,
+	// WorkAheadParam.
 	PathWork         = "/api/v1/agent/work"
 	PathRunHeartbeat = "/api/v1/agent/runs/%d/heartbeat"
 	PathRunResult    = "/api/v1/agent/runs/%d/result"
@@ -92,13 +95,31 @@ type HeartbeatResponse struct {
 	EverySec int `json:"every_sec,omitempty"`
 }
 
+// WorkAheadParam is the query parameter (=1) of a PathWork poll from an
+// agent that runs runs handed ahead and reports them in batches
+// (RunResults): it needs no ack for the runs the answer marks
+// Acknowledged, and the answer may hand the first run's chain's next runs
+// ahead with it (WorkResponse.Ahead). APIs that predate it ignore it.
+const WorkAheadParam = "ahead"
+
 // WorkResponse lists the runs handed to this agent by one fetch. A run
 // counts as delivered once the agent acknowledges it (RunAck, or its first
 // run heartbeat or result); until then a later fetch offers it again, with
 // the same attempt, after a short lease. The agent must therefore recognise
-// a run+attempt it already has and never execute it twice.
+// a run+attempt it already has and never execute it twice. A run marked
+// Acknowledged (only to a poll with WorkAheadParam) needs no RunAck: its
+// first run heartbeat or result confirms it, and until then it is offered
+// again after the lease in the same way.
+//
+// Ahead and AheadMs, only to a poll with WorkAheadParam, are the runs of
+// the chain of Runs[0] after it, handed ahead as in RunAckResponse: each
+// starts only if the one before it (the first: Runs[0]) succeeded with no
+// outputs and no attributes handed back, and only within AheadMs of the
+// answer.
 type WorkResponse struct {
-	Runs []WorkItem `json:"runs"`
+	Runs    []WorkItem `json:"runs"`
+	Ahead   []WorkItem `json:"ahead,omitempty"`
+	AheadMs int        `json:"ahead_ms,omitempty"`
 }
 
 // WorkItem is one task run to execute on the node.
