@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
@@ -227,5 +228,46 @@ func TestLargePlanAnalyzed(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, known, reltuples(store, "task_runs"), "plan %d", i+2)
 		}
+	}
+}
+
+// A node workflow's start finds its node's runs' edges by index from both
+// ends (run_edges_child_idx, run_edges' primary key), also from a cached
+// generic plan on a site with history, its edges not yet vacuumed: not by
+// reading all of run_edges, every transaction's, at each node's start.
+func TestNodePlanFindsEdgesByIndex(t *testing.T) {
+	ctx := context.Background()
+	store, _, dep := chainDeployment(t, 50, 20)
+	var txn *fuel.Transaction
+	for range 4 {
+		if txn != nil {
+			require.NoError(t, store.DB.Exec("UPDATE transactions SET status = ? WHERE id = ?", models.TxReady, txn.ID).Error)
+		}
+		txn = deploymentTransaction(t, store, dep)
+		_, err := store.PlanGraph(ctx, txn.ID, 0)
+		require.NoError(t, err)
+	}
+	require.NoError(t, store.DB.Exec("ANALYZE task_runs, run_edges").Error)
+	var node int64
+	require.NoError(t, store.DB.Raw("SELECT node_id FROM task_runs WHERE transaction_id = ? LIMIT 1", txn.ID).Scan(&node).Error)
+	for _, start := range []bool{true, false} {
+		sql := strings.NewReplacer("@tx", "$1", "@gi", "$2", "@node", "$3").Replace(fuel.NodePlanSQL(start))
+		var plan []string
+		err := store.DB.Connection(func(tx *gorm.DB) error {
+			for _, stmt := range []string{"SET plan_cache_mode = force_generic_plan", "PREPARE node_plan(uuid, int, bigint) AS " + sql} {
+				if err := tx.Exec(stmt).Error; err != nil {
+					return err
+				}
+			}
+			defer tx.Exec("DEALLOCATE node_plan")
+			defer tx.Exec("RESET plan_cache_mode")
+			// EXPLAIN takes no parameters: the values go in as literals.
+			return tx.Raw(fmt.Sprintf("EXPLAIN EXECUTE node_plan('%s', 0, %d)", txn.ID, node)).Scan(&plan).Error
+		})
+		require.NoError(t, err)
+		text := strings.Join(plan, "\n")
+		assert.NotContains(t, text, "Seq Scan on run_edges", "start %v:\n%s", start, text)
+		assert.Contains(t, text, "run_edges_child_idx", "start %v", start)
+		assert.Contains(t, text, "run_edges_pkey", "start %v", start)
 	}
 }

@@ -457,27 +457,29 @@ func (s *Store) StartNodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID 
 // order (kind 'r') and the edges into and out of them (kind 'e'). The
 // edges are two simple selects (edges into the node, edges out of it),
 // which use the indexes where one with OR across both joins would not.
-// %s is startNodeSQL or nothing.
-var nodePlanSQL = `WITH runs AS (
-  SELECT id, task_name, task_type, state, spec, position FROM task_runs
+// Each looks the edges up from each of the node's runs (materialized),
+// through run_edges' indexes (run_edges_child_idx, its primary key): the
+// lateral subqueries are kept from being flattened (OFFSET 0), since as a
+// join a generic plan preferred reading all of run_edges, every
+// transaction's, at every node workflow's start, a cost that grew with
+// the site's history. %s is startNodeSQL or nothing.
+var nodePlanSQL = `WITH runs AS MATERIALIZED (
+  SELECT id, task_name, task_type, state, spec, position, node_id, node_name FROM task_runs
   WHERE transaction_id = @tx AND graph_index = @gi AND node_id = @node
 )%s
 SELECT 'r' AS kind, id, task_name, task_type, state, spec, position,
   NULL::bigint AS parent_id, NULL::bigint AS child_id, NULL::bigint AS parent_node, NULL::bigint AS child_node,
   NULL::text AS parent_state, NULL::text AS child_node_name
 FROM runs
-UNION ALL` + nodeEdgesSQL("c") + `
-UNION ALL` + nodeEdgesSQL("p") + `
-ORDER BY kind DESC, position`
-
-// nodeEdgesSQL selects, in nodePlanSQL's columns, the edges one of whose
-// ends (end: c, the child, or p, the parent) is a run of the node's.
-func nodeEdgesSQL(end string) string {
-	return fmt.Sprintf(`
+UNION ALL
 SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
-FROM run_edges e JOIN task_runs p ON p.id = e.parent_id JOIN task_runs c ON c.id = e.child_id
-WHERE %[1]s.transaction_id = @tx AND %[1]s.graph_index = @gi AND %[1]s.node_id = @node`, end)
-}
+FROM runs c CROSS JOIN LATERAL (SELECT parent_id, child_id FROM run_edges WHERE child_id = c.id OFFSET 0) e
+JOIN task_runs p ON p.id = e.parent_id
+UNION ALL
+SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
+FROM runs p CROSS JOIN LATERAL (SELECT parent_id, child_id FROM run_edges WHERE parent_id = p.id OFFSET 0) e
+JOIN task_runs c ON c.id = e.child_id
+ORDER BY kind DESC, position`
 
 // startNodeSQL sets the node's progress to 0, in nodePlanSQL's statement,
 // when one of its runs is pending (StartNodePlan).
