@@ -233,7 +233,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	// reported: this machine is noisy and the SQLite file grows as it goes.
 	var results []roundResult
 	for round := 1; round <= *rounds; round++ {
-		var r roundResult
+		r := roundResult{round: round}
 		annealFirst := round%2 == 1
 		for _, side := range []bool{annealFirst, !annealFirst} {
 			if side {
@@ -307,6 +307,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
   Postgres WAL      %s
   anneal's own CPU per task run: %.2f ms (machine minus Temporal server, / runs); %.2f ms measured in anneal's processes
                                  (%.2f ms counting the whole Postgres cluster: the right figure when it is private, ANNEAL_DEV_PG=private)
+                                 %s
   CPU seconds, anneal: %s
   CPU seconds, bare:   %s
 `, *nodes, *tasks, len(results), m.anneal.Seconds(), float64(m.runs)/m.anneal.Seconds(), m.runs,
@@ -318,7 +319,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		float64(rss)/(1<<20), errSuffix(rssErr), m.wal,
 		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
 		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
-		m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
+		ownCPUMedian(results), m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
 	if idleLine != "" {
 		fmt.Println("  " + idleLine)
 	}
@@ -375,6 +376,7 @@ func idleCPU(u cpuUse, n int, d time.Duration) string {
 
 // roundResult is one round of the benchmark.
 type roundResult struct {
+	round               int // from 1, in the order the rounds ran
 	anneal, bare        time.Duration
 	runs                int
 	annealCPU, bareCPU  cpuUse
@@ -393,6 +395,36 @@ func ratios(rs []roundResult) string {
 		parts = append(parts, fmt.Sprintf("%.2f", r.ratio()))
 	}
 	return strings.Join(parts, " ")
+}
+
+// ownCPUMedian says anneal's own CPU per task run (machine minus Temporal
+// server) as the median over the rounds, each round's own median apart
+// from the median-ratio round's figures above it, with each round's in
+// the order they ran: the targets are medians of each figure over the
+// rounds, and the first round, whose nodes have no history yet, costs
+// more than the others.
+func ownCPUMedian(rs []roundResult) string {
+	byRound := append([]roundResult(nil), rs...)
+	sort.Slice(byRound, func(i, j int) bool { return byRound[i].round < byRound[j].round })
+	own := make([]float64, 0, len(rs))
+	var parts []string
+	for _, r := range byRound {
+		if r.runs == 0 {
+			continue
+		}
+		ms := 1000 * (r.annealCPU.total - r.annealCPU.server) / float64(r.runs)
+		own = append(own, ms)
+		parts = append(parts, fmt.Sprintf("%.2f", ms))
+	}
+	if len(own) == 0 {
+		return "median of rounds: none ran"
+	}
+	sort.Float64s(own)
+	median := own[len(own)/2]
+	if len(own)%2 == 0 {
+		median = (own[len(own)/2-1] + own[len(own)/2]) / 2
+	}
+	return fmt.Sprintf("%.2f ms median of the rounds' (machine minus Temporal server; rounds in order: %s)", median, strings.Join(parts, " "))
 }
 
 // failedTx is a bench transaction that ended in error: the round is
