@@ -13,6 +13,7 @@ import (
 	_ "net/http/pprof" // served only with -pprof, on its own listener
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +30,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "secrets" {
 		os.Exit(secretsCommand(os.Args[2:]))
 	}
+	setDefaultGC()
 	cfg := server.Config{}
 	var bootstrapFile, secretKeyFile, codecOrigins string
 	flag.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres URL")
@@ -197,4 +199,18 @@ func envOr(key, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+// defaultGCPercent is the worker's GOGC when its environment sets none.
+// The collector was a tenth of the worker's CPU per run at 100 nodes;
+// collecting two thirds as often as Go's default (100) costs half the
+// live heap more memory (peak RSS 257 MiB at 1,000 nodes x 20 tasks,
+// against 229 MiB; 200 reached 299 MiB, at the 300 MiB target).
+const defaultGCPercent = 150
+
+// setDefaultGC sets defaultGCPercent unless $GOGC says otherwise.
+func setDefaultGC() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"runtime/debug"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -29,4 +30,19 @@ func TestDBMaxConnsInput(t *testing.T) {
 	assert.NoError(t, checkDBMaxConns(0))
 	assert.NoError(t, checkDBMaxConns(12))
 	assert.ErrorContains(t, checkDBMaxConns(-1), "-db-max-conns")
+}
+
+// The worker collects its heap less often than Go's default, unless $GOGC
+// says otherwise.
+func TestSetDefaultGC(t *testing.T) {
+	before := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(before) })
+
+	t.Setenv("GOGC", "")
+	setDefaultGC()
+	assert.Equal(t, defaultGCPercent, debug.SetGCPercent(100))
+
+	t.Setenv("GOGC", "120")
+	setDefaultGC()
+	assert.Equal(t, 100, debug.SetGCPercent(100), "an operator's GOGC stands")
 }
