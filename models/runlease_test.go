@@ -100,20 +100,9 @@ func TestClaimLease(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, next.IsZero())
 
-	// A new attempt starts unacknowledged again.
-	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-2"))
-	require.NoError(t, err)
-	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	assert.Equal(t, 2, claimed[0].Attempt)
-	// Its result is its acknowledgement too.
-	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 2})
-	require.NoError(t, err)
-	time.Sleep(2 * lease)
-	again, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
-	require.NoError(t, err)
-	assert.Empty(t, again)
+	// A new attempt starts unacknowledged again; its result is its
+	// acknowledgement too.
+	assert.Nil(t, claimedThenReported(t, f, setup.ID, 2, lease, false).AckedAt)
 	// Acknowledging a finished run returns it as it is.
 	done, err := f.Store.AckRun(f.Ctx, f.Ctl.ID, setup.ID, 2)
 	require.NoError(t, err)
@@ -170,24 +159,28 @@ func TestClaimAsAcknowledged(t *testing.T) {
 	assert.True(t, next.IsZero())
 
 	// So does a result, for a run too short to heartbeat.
-	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-2"))
+	assert.NotNil(t, claimedThenReported(t, f, setup.ID, 2, lease, true).AckedAt)
+}
+
+// claimedThenReported dispatches attempt of run, has the node's agent
+// claim it (asAcked: as a poll with protocol.WorkAheadParam does) and
+// report its result, and checks that it is not offered again, however
+// long one waits. It returns the run as claimed.
+func claimedThenReported(t *testing.T, f *storetest.Fixture, runID int64, attempt int, lease time.Duration, asAcked bool) models.TaskRun {
+	t.Helper()
+	_, err := f.Store.DispatchRun(f.Ctx, runID, []byte(fmt.Sprintf("token-%d", attempt)))
 	require.NoError(t, err)
-	claimed, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	claimed, _, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, asAcked)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
-	assert.Nil(t, claimed[0].AckedAt, "a poll that asks for acks leaves the run unacknowledged")
-	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-3"))
-	require.NoError(t, err)
-	claimed, _, err = f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, lease, true)
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-	assert.Equal(t, 3, claimed[0].Attempt)
-	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, setup.ID, protocol.RunResult{Attempt: 3})
+	require.Equal(t, attempt, claimed[0].Attempt)
+	_, err = f.Store.RecordRunResult(f.Ctx, f.Ctl.ID, runID, protocol.RunResult{Attempt: attempt})
 	require.NoError(t, err)
 	time.Sleep(2 * lease)
-	again, err = f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
+	again, err := f.Store.ClaimWork(f.Ctx, f.Ctl.ID, lease)
 	require.NoError(t, err)
-	assert.Empty(t, again)
+	assert.Empty(t, again, "attempt %d, reported, is not offered again", attempt)
+	return claimed[0]
 }
 
 // TestClaimLeaseSkipsWorkerRuns: a run the worker executes for a node

@@ -247,20 +247,28 @@ func (s *Server) acceptedWithPoll(ctx context.Context, nodeID int64, runs []mode
 		return nil
 	}
 	first := byID[resp.Runs[0].RunID]
-	if first.ChainHead == nil || first.ChainNext == nil {
-		return nil
+	var err error
+	resp.Ahead, resp.AheadMs, err = s.handAhead(ctx, nodeID, first, first.Attempt)
+	return err
+}
+
+// handAhead hands the runs of run's chain after it (run acknowledged at
+// attempt by nodeID's agent) ahead to that agent, when run heads a chain
+// that goes on (models.Store.HandAhead): their work items, and the window
+// they may start in (milliseconds; 0 when none goes).
+func (s *Server) handAhead(ctx context.Context, nodeID int64, run *models.TaskRun, attempt int) ([]protocol.WorkItem, int, error) {
+	if run.ChainHead == nil || run.ChainNext == nil {
+		return nil, 0, nil
 	}
-	ahead, err := s.cfg.Store.HandAhead(ctx, nodeID, first.ID, first.Attempt, s.ackLease(), aheadAfter, models.MaxAheadRuns)
+	ahead, err := s.cfg.Store.HandAhead(ctx, nodeID, run.ID, attempt, s.ackLease(), aheadAfter, models.MaxAheadRuns)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
-	if resp.Ahead, err = s.aheadItems(ctx, ahead); err != nil {
-		return err
+	items, err := s.aheadItems(ctx, ahead)
+	if err != nil || len(items) == 0 {
+		return items, 0, err
 	}
-	if len(resp.Ahead) > 0 {
-		resp.AheadMs = int(aheadWindow / time.Millisecond)
-	}
-	return nil
+	return items, int(aheadWindow / time.Millisecond), nil
 }
 
 // ownActivity says whether a run has its own activity to heartbeat: it
@@ -477,18 +485,11 @@ func (s *Server) agentRunAck(c echo.Context) error {
 			s.log.Warn("run acknowledged but its activity heartbeat failed", "run", runID, "error", err)
 		}
 	}
-	if req.Ahead && !answer.Cancel && run.ChainHead != nil && run.ChainNext != nil {
+	if req.Ahead && !answer.Cancel {
 		// The chain's next runs go ahead with the acknowledgement: no
 		// report of this run alone to get them.
-		ahead, err := s.cfg.Store.HandAhead(ctx, principal(c).NodeID, runID, req.Attempt, s.ackLease(), aheadAfter, models.MaxAheadRuns)
-		if err != nil {
+		if answer.Runs, answer.AheadMs, err = s.handAhead(ctx, principal(c).NodeID, run, req.Attempt); err != nil {
 			return err
-		}
-		if answer.Runs, err = s.aheadItems(ctx, ahead); err != nil {
-			return err
-		}
-		if len(answer.Runs) > 0 {
-			answer.AheadMs = int(aheadWindow / time.Millisecond)
 		}
 	}
 	return c.JSON(http.StatusOK, answer)

@@ -342,6 +342,19 @@ func TestAheadReleasedAtDeadline(t *testing.T) {
 	}
 }
 
+// ranInOneBatch checks that runs 1, 2 and 3 (each appending its name to
+// count) ran once each, in order, and were reported in one batch.
+func ranInOneBatch(t *testing.T, f *fakeAPI, count string) {
+	t.Helper()
+	posts := f.waitBatches(t, 1)
+	require.Len(t, posts, 1)
+	assert.Equal(t, []int64{1, 2, 3}, resultIDs(posts[0]), "one batch, in the order they ran")
+	assert.Empty(t, posts[0].Released)
+	data, err := os.ReadFile(count)
+	require.NoError(t, err)
+	assert.Equal(t, "one\ntwo\nthree\n", string(data))
+}
+
 // The answer to the ack of a chain's head may hand the chain's next runs
 // ahead: they run after it, in order, without being acknowledged, and all
 // the results go in one batch. The ack asked for them; an older API that
@@ -355,13 +368,7 @@ func TestAheadHandedWithAck(t *testing.T) {
 		start(t, testConfig(t, f, t.TempDir()))
 		f.push(work(1, 1, "echo one >> "+count))
 
-		posts := f.waitBatches(t, 1)
-		require.Len(t, posts, 1)
-		assert.Equal(t, []int64{1, 2, 3}, resultIDs(posts[0]), "one batch, in the order they ran")
-		assert.Empty(t, posts[0].Released)
-		data, err := os.ReadFile(count)
-		require.NoError(t, err)
-		assert.Equal(t, "one\ntwo\nthree\n", string(data))
+		ranInOneBatch(t, f, count)
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		assert.Equal(t, []bool{true}, f.ackAheads[1], "the ack asked for runs ahead")
@@ -418,13 +425,7 @@ func TestAheadHandedWithPoll(t *testing.T) {
 		start(t, testConfig(t, f, t.TempDir()))
 		f.push(work(1, 1, "echo one >> "+count))
 
-		posts := f.waitBatches(t, 1)
-		require.Len(t, posts, 1)
-		assert.Equal(t, []int64{1, 2, 3}, resultIDs(posts[0]), "one batch, in the order they ran")
-		assert.Empty(t, posts[0].Released)
-		data, err := os.ReadFile(count)
-		require.NoError(t, err)
-		assert.Equal(t, "one\ntwo\nthree\n", string(data))
+		ranInOneBatch(t, f, count)
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		assert.True(t, f.pollAheads[0], "the poll asked")
