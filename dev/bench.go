@@ -233,7 +233,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	// reported: this machine is noisy and the SQLite file grows as it goes.
 	var results []roundResult
 	for round := 1; round <= *rounds; round++ {
-		r := roundResult{round: round}
+		var r roundResult
 		annealFirst := round%2 == 1
 		for _, side := range []bool{annealFirst, !annealFirst} {
 			if side {
@@ -286,6 +286,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		fmt.Printf("round %d: anneal %.2fs, bare %.2fs, ratio %.2f\n", round, r.anneal.Seconds(), r.bare.Seconds(), r.ratio())
 		results = append(results, r)
 	}
+	ownLine := ownCPUMedian(results) // the rounds in the order they ran
 	rss, rssErr := devenv.PeakRSS(srv.Pid())
 	maxHist, maxChild := 0, 0
 	for _, r := range results {
@@ -319,7 +320,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		float64(rss)/(1<<20), errSuffix(rssErr), m.wal,
 		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
 		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
-		ownCPUMedian(results), m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
+		ownLine, m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
 	if idleLine != "" {
 		fmt.Println("  " + idleLine)
 	}
@@ -376,7 +377,6 @@ func idleCPU(u cpuUse, n int, d time.Duration) string {
 
 // roundResult is one round of the benchmark.
 type roundResult struct {
-	round               int // from 1, in the order the rounds ran
 	anneal, bare        time.Duration
 	runs                int
 	annealCPU, bareCPU  cpuUse
@@ -398,17 +398,14 @@ func ratios(rs []roundResult) string {
 }
 
 // ownCPUMedian says anneal's own CPU per task run (machine minus Temporal
-// server) as the median over the rounds, each round's own median apart
-// from the median-ratio round's figures above it, with each round's in
-// the order they ran: the targets are medians of each figure over the
-// rounds, and the first round, whose nodes have no history yet, costs
-// more than the others.
+// server) as the median over the rounds rs (in the order they ran), apart
+// from the median-ratio round's figures above it, with each round's: the
+// targets are medians of each figure over the rounds, and the first
+// round, whose nodes have no history yet, costs more than the others.
 func ownCPUMedian(rs []roundResult) string {
-	byRound := append([]roundResult(nil), rs...)
-	sort.Slice(byRound, func(i, j int) bool { return byRound[i].round < byRound[j].round })
 	own := make([]float64, 0, len(rs))
 	var parts []string
-	for _, r := range byRound {
+	for _, r := range rs {
 		if r.runs == 0 {
 			continue
 		}

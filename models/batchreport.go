@@ -394,7 +394,8 @@ func batchReport(db *gorm.DB, nodeID int64, batch protocol.RunResults, runs []*T
 
 // handAheadSQL hands up to @ahead of a chain's runs ahead after run
 // @run, running at @attempt on node @node: what an acknowledgement that
-// asks for them (protocol.RunAck.Ahead) gets back. Only after a short run:
+// asks for them (protocol.RunAck.Ahead), or a poll that hands @run out
+// (protocol.WorkAheadParam), gets back with it. Only after a short run:
 // the last run the node finished in the same graph took less than @short
 // seconds, or, when none has finished there yet (the chain starts the
 // graph), the last run of the same task on the node did, in an earlier

@@ -577,8 +577,6 @@ func TestEndChainTakesBackRunsHandedAhead(t *testing.T) {
 	assert.Empty(t, offered, "pending, not offered")
 }
 
-// finishedBefore adds a run to the node and graph of run like that
-// finished a second ago after took: what HandAhead looks at.
 // handDBAhead hands db ahead with setup's ack (a short run of the node
 // finished first), at lease, and returns what was handed ahead: db.
 func handDBAhead(t *testing.T, f *storetest.Fixture, setup, db models.TaskRun, first *models.TaskRun, lease time.Duration) []models.TaskRun {
@@ -590,6 +588,8 @@ func handDBAhead(t *testing.T, f *storetest.Fixture, setup, db models.TaskRun, f
 	return ahead
 }
 
+// finishedBefore adds a run to the node and graph of run like that
+// finished a second ago after took: what HandAhead looks at.
 func finishedBefore(t *testing.T, f *storetest.Fixture, like int64, took time.Duration) {
 	t.Helper()
 	require.NoError(t, f.Store.DB.Exec(`INSERT INTO task_runs

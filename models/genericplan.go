@@ -17,7 +17,7 @@ import (
 // executions on a connection, then keeps a generic plan only if that plan
 // looks no dearer than the custom ones did; otherwise it plans the
 // statement at every execution. The report's statement (batchReportSQL)
-// and the acknowledgement's (handAheadSQL) take 2 to 4 ms to plan, more
+// and the hand-ahead's of an ack or a poll (handAheadSQL) take 2 to 4 ms to plan, more
 // than they take to run, and their generic plans cost within a few percent
 // of their custom ones: after an ANALYZE moves the estimates, Postgres
 // chose custom plans for them at every call, and planning became half of

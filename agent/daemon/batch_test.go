@@ -119,14 +119,7 @@ func (f *fakeAPI) waitBatches(t *testing.T, n int) []protocol.RunResults {
 func (f *fakeAPI) handAhead(after int64, ms int, items ...protocol.WorkItem) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for i := range items {
-		items[i].Acknowledged = true
-	}
-	f.batch.on, f.batch.aheadMs = true, ms
-	if f.batch.ahead == nil {
-		f.batch.ahead = map[int64][]protocol.WorkItem{}
-	}
-	f.batch.ahead[after] = items
+	f.aheadIn(&f.batch.ahead, after, ms, items)
 }
 
 // handAheadWithAck has the answer to run after's ack, when it asks, hand
@@ -135,14 +128,11 @@ func (f *fakeAPI) handAhead(after int64, ms int, items ...protocol.WorkItem) {
 func (f *fakeAPI) handAheadWithAck(after int64, ms int, cancel bool, items ...protocol.WorkItem) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for i := range items {
-		items[i].Acknowledged = true
+	f.aheadIn(&f.batch.ackAhead, after, ms, items)
+	if f.batch.ackCancel == nil {
+		f.batch.ackCancel = map[int64]bool{}
 	}
-	f.batch.on, f.batch.aheadMs = true, ms
-	if f.batch.ackAhead == nil {
-		f.batch.ackAhead, f.batch.ackCancel = map[int64][]protocol.WorkItem{}, map[int64]bool{}
-	}
-	f.batch.ackAhead[after], f.batch.ackCancel[after] = items, cancel
+	f.batch.ackCancel[after] = cancel
 }
 
 // handAheadWithPoll has the answer to a poll that asks and hands out run
@@ -151,14 +141,21 @@ func (f *fakeAPI) handAheadWithAck(after int64, ms int, cancel bool, items ...pr
 func (f *fakeAPI) handAheadWithPoll(after int64, ms int, items ...protocol.WorkItem) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.aheadIn(&f.batch.pollAhead, after, ms, items)
+}
+
+// aheadIn files items, taken as acknowledged as the API does, in answers
+// (one of the batch route's maps) as the runs handed ahead after run
+// after, for ms milliseconds. The caller holds mu.
+func (f *fakeAPI) aheadIn(answers *map[int64][]protocol.WorkItem, after int64, ms int, items []protocol.WorkItem) {
 	for i := range items {
 		items[i].Acknowledged = true
 	}
 	f.batch.on, f.batch.aheadMs = true, ms
-	if f.batch.pollAhead == nil {
-		f.batch.pollAhead = map[int64][]protocol.WorkItem{}
+	if *answers == nil {
+		*answers = map[int64][]protocol.WorkItem{}
 	}
-	f.batch.pollAhead[after] = items
+	(*answers)[after] = items
 }
 
 // pollAnswer answers a poll that asks (protocol.WorkAheadParam) with

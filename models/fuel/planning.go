@@ -471,15 +471,22 @@ SELECT 'r' AS kind, id, task_name, task_type, state, spec, position,
   NULL::bigint AS parent_id, NULL::bigint AS child_id, NULL::bigint AS parent_node, NULL::bigint AS child_node,
   NULL::text AS parent_state, NULL::text AS child_node_name
 FROM runs
-UNION ALL
-SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
-FROM runs c CROSS JOIN LATERAL (SELECT parent_id, child_id FROM run_edges WHERE child_id = c.id OFFSET 0) e
-JOIN task_runs p ON p.id = e.parent_id
-UNION ALL
-SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
-FROM runs p CROSS JOIN LATERAL (SELECT parent_id, child_id FROM run_edges WHERE parent_id = p.id OFFSET 0) e
-JOIN task_runs c ON c.id = e.child_id
+UNION ALL` + nodeEdgesSQL("c", "p") + `
+UNION ALL` + nodeEdgesSQL("p", "c") + `
 ORDER BY kind DESC, position`
+
+// nodeEdgesSQL selects, in nodePlanSQL's columns, the edges one of whose
+// ends (end: c, the child, or p, the parent) is one of the node's runs,
+// looked up from each of them; other is the edge's other end, read by id.
+func nodeEdgesSQL(end, other string) string {
+	return fmt.Sprintf(`
+SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
+FROM runs %[1]s CROSS JOIN LATERAL (SELECT parent_id, child_id FROM run_edges WHERE %[3]s = %[1]s.id OFFSET 0) e
+JOIN task_runs %[2]s ON %[2]s.id = e.%[4]s`, end, other, edgeColumn[end], edgeColumn[other])
+}
+
+// edgeColumn is the run_edges column of each end of an edge.
+var edgeColumn = map[string]string{"c": "child_id", "p": "parent_id"}
 
 // startNodeSQL sets the node's progress to 0, in nodePlanSQL's statement,
 // when one of its runs is pending (StartNodePlan).
