@@ -70,6 +70,13 @@ func ScanTaskRuns(db *gorm.DB, query string, args ...any) ([]TaskRun, error) {
 // TaskRunColumns are the task_runs columns TaskRun has fields for.
 func TaskRunColumns() []string { return batchReportStatement().columns }
 
+// HandAheadStatement is HandAhead's statement, positional, and its
+// parameters' names in order: for a test of its plan.
+func HandAheadStatement() (sql string, params []string) {
+	q := handAheadStatement()
+	return q.sql, q.params
+}
+
 // PositionalSQL is positionalSQL, for its test.
 var PositionalSQL = positionalSQL
 
