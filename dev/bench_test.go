@@ -71,3 +71,15 @@ func TestOwnCPUMedian(t *testing.T) {
 	assert.Equal(t, "3.20 ms median of the rounds' (machine minus Temporal server; rounds in order: 3.40 3.00)", ownCPUMedian(rs[:2]))
 	assert.Equal(t, "median of rounds: none ran", ownCPUMedian(rs[3:]))
 }
+
+// The own CPU per run over the bare server's CPU per activity is taken
+// round by round, its median over the rounds that ran both sides.
+func TestOwnPerBareServer(t *testing.T) {
+	round := func(total, server, bareServer float64) roundResult {
+		return roundResult{runs: 1000, annealCPU: cpuUse{total: total, server: server}, bareCPU: cpuUse{server: bareServer}}
+	}
+	rs := []roundResult{round(6.4, 3.0, 13.6), round(6.1, 3.1, 12.0), round(6.0, 3.1, 14.5), {}, {runs: 1000, annealCPU: cpuUse{total: 6, server: 3}}}
+	assert.Equal(t, "0.250 median of the rounds' (rounds in order: 0.250 0.250 0.200)", ownPerBareServer(rs, 1000))
+	assert.Equal(t, "0.500 median of the rounds' (rounds in order: 0.500 0.500 0.400)", ownPerBareServer(rs, 2000), "bare activities counted apart from anneal's runs")
+	assert.Equal(t, "no round ran both sides", ownPerBareServer(rs[3:], 1000))
+}
