@@ -320,7 +320,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		float64(m.hist.nodeEvents)/float64(max(m.hist.nodes, 1)), m.hist.nodes,
 		m.hist.nodeQueue, m.bareQueue, eagerState(*eager),
 		float64(rss)/(1<<20), errSuffix(rssErr), m.wal,
-		1000*(m.annealCPU.total-m.annealCPU.server)/float64(m.runs), 1000*m.annealCPU.ours()/float64(m.runs),
+		1000*m.ownCPUPerRun(), 1000*m.annealCPU.ours()/float64(m.runs),
 		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
 		ownLine, shareLine, m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
 	if idleLine != "" {
@@ -391,6 +391,12 @@ type roundResult struct {
 
 func (r roundResult) ratio() float64 { return r.anneal.Seconds() / r.bare.Seconds() }
 
+// ownCPUPerRun is anneal's own CPU per task run in seconds: the machine's
+// minus the Temporal server's, over the runs.
+func (r roundResult) ownCPUPerRun() float64 {
+	return (r.annealCPU.total - r.annealCPU.server) / float64(r.runs)
+}
+
 func ratios(rs []roundResult) string {
 	var parts []string
 	for _, r := range rs {
@@ -411,7 +417,7 @@ func ownCPUMedian(rs []roundResult) string {
 		if r.runs == 0 {
 			continue
 		}
-		ms := 1000 * (r.annealCPU.total - r.annealCPU.server) / float64(r.runs)
+		ms := 1000 * r.ownCPUPerRun()
 		own = append(own, ms)
 		parts = append(parts, fmt.Sprintf("%.2f", ms))
 	}
@@ -427,7 +433,7 @@ func ownCPUMedian(rs []roundResult) string {
 // ran) with each round's. The machine's speed moves both: in one session
 // the same build measured a median of 3.24 ms, then 4.69 ms an hour later,
 // while the bare server's CPU per activity went from 13.2 to 15.6 ms. The
-// share moved less (0.25 to 0.30 from the medians), so it helps tell a
+// share moved less (0.25 to 0.32 over its medians), so it helps tell a
 // change of anneal's cost from the machine's; the targets stay in ms.
 func ownPerBareServer(rs []roundResult, bareRuns int) string {
 	var shares []float64
@@ -436,8 +442,7 @@ func ownPerBareServer(rs []roundResult, bareRuns int) string {
 		if r.runs == 0 || r.bareCPU.server <= 0 || bareRuns == 0 {
 			continue
 		}
-		own := (r.annealCPU.total - r.annealCPU.server) / float64(r.runs)
-		share := own / (r.bareCPU.server / float64(bareRuns))
+		share := r.ownCPUPerRun() / (r.bareCPU.server / float64(bareRuns))
 		shares = append(shares, share)
 		parts = append(parts, fmt.Sprintf("%.3f", share))
 	}

@@ -669,20 +669,8 @@ FROM task_runs t, generate_series(1, 3000) i WHERE t.id = ?`, other.ID, db.ID).E
 		require.Contains(t, types, p, "a parameter this test does not know")
 		typeList, valueList = append(typeList, types[p]), append(valueList, values[p])
 	}
-	var plan []string
-	err = f.Store.DB.Connection(func(tx *gorm.DB) error {
-		for _, stmt := range []string{"SET plan_cache_mode = force_generic_plan",
-			"PREPARE hand_ahead(" + strings.Join(typeList, ", ") + ") AS " + sql} {
-			if err := tx.Exec(stmt).Error; err != nil {
-				return err
-			}
-		}
-		defer tx.Exec("DEALLOCATE hand_ahead")
-		defer tx.Exec("RESET plan_cache_mode")
-		// EXPLAIN takes no parameters: the values go in as literals.
-		return tx.Raw("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) EXECUTE hand_ahead(" + strings.Join(valueList, ", ") + ")").Scan(&plan).Error
-	})
-	require.NoError(t, err)
+	plan := storetest.ExplainGeneric(t, f.Store.DB, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)", sql,
+		"("+strings.Join(typeList, ", ")+")", "("+strings.Join(valueList, ", ")+")")
 	text := strings.Join(plan, "\n")
 	for i, line := range plan {
 		if strings.Contains(line, "task_runs_node_unfinished_idx") && !strings.Contains(line, "never executed") {

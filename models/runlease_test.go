@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/agent/protocol"
 	"github.com/anneal-dev/anneal/models"
@@ -247,18 +246,7 @@ func TestWorkQueriesUseAnIndex(t *testing.T) {
 			sql = strings.Replace(sql, "?", fmt.Sprintf("$%d", n), 1)
 		}
 		args := map[int]string{1: "(1)", 3: "(5, true, 1)", 4: "(5, true, 1, 1)"}[n]
-		var plan []string
-		err := f.Store.DB.Connection(func(tx *gorm.DB) error {
-			for _, stmt := range []string{"SET enable_seqscan = off", "SET plan_cache_mode = force_generic_plan",
-				"PREPARE work_query" + q.params + " AS " + sql} {
-				if err := tx.Exec(stmt).Error; err != nil {
-					return err
-				}
-			}
-			defer tx.Exec("DEALLOCATE work_query")
-			return tx.Raw("EXPLAIN EXECUTE work_query" + args).Scan(&plan).Error
-		})
-		require.NoError(t, err)
+		plan := storetest.ExplainGeneric(t, f.Store.DB, "EXPLAIN", sql, q.params, args, "SET enable_seqscan = off")
 		assert.Contains(t, strings.Join(plan, "\n"), "task_runs_node_unfinished_idx", "%s", q.sql)
 	}
 }

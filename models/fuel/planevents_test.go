@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
-	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/models"
 	"github.com/anneal-dev/anneal/models/fuel"
@@ -252,19 +251,7 @@ func TestNodePlanFindsEdgesByIndex(t *testing.T) {
 	require.NoError(t, store.DB.Raw("SELECT node_id FROM task_runs WHERE transaction_id = ? LIMIT 1", txn.ID).Scan(&node).Error)
 	for _, start := range []bool{true, false} {
 		sql := strings.NewReplacer("@tx", "$1", "@gi", "$2", "@node", "$3").Replace(fuel.NodePlanSQL(start))
-		var plan []string
-		err := store.DB.Connection(func(tx *gorm.DB) error {
-			for _, stmt := range []string{"SET plan_cache_mode = force_generic_plan", "PREPARE node_plan(uuid, int, bigint) AS " + sql} {
-				if err := tx.Exec(stmt).Error; err != nil {
-					return err
-				}
-			}
-			defer tx.Exec("DEALLOCATE node_plan")
-			defer tx.Exec("RESET plan_cache_mode")
-			// EXPLAIN takes no parameters: the values go in as literals.
-			return tx.Raw(fmt.Sprintf("EXPLAIN EXECUTE node_plan('%s', 0, %d)", txn.ID, node)).Scan(&plan).Error
-		})
-		require.NoError(t, err)
+		plan := storetest.ExplainGeneric(t, store.DB, "EXPLAIN", sql, "(uuid, int, bigint)", fmt.Sprintf("('%s', 0, %d)", txn.ID, node))
 		text := strings.Join(plan, "\n")
 		assert.NotContains(t, text, "Seq Scan on run_edges", "start %v:\n%s", start, text)
 		assert.Contains(t, text, "run_edges_child_idx", "start %v", start)

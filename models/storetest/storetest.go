@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+	"gorm.io/gorm"
 
 	"github.com/anneal-dev/anneal/dev/testenv"
 	"github.com/anneal-dev/anneal/models"
@@ -235,4 +236,28 @@ func Listen(t *testing.T, url, channel string) *pgx.Conn {
 	_, err = conn.Exec(ctx, "LISTEN "+channel)
 	require.NoError(t, err)
 	return conn
+}
+
+// ExplainGeneric returns the lines of explain (EXPLAIN with its options)
+// for the generic plan Postgres makes of sql, whose placeholders $1.. have
+// the types params (such as "(bigint, int)"), executed with args (literals:
+// EXPLAIN takes no parameters, such as "(1, 2)"). It runs on one
+// connection with settings (SET statements) first, and leaves it as it
+// found it: the plan a statement run through queryGenericPlan, or cached
+// by the driver after a few runs, gets.
+func ExplainGeneric(t *testing.T, db *gorm.DB, explain, sql, params, args string, settings ...string) []string {
+	t.Helper()
+	var plan []string
+	err := db.Connection(func(tx *gorm.DB) error {
+		defer tx.Exec("RESET ALL")
+		for _, stmt := range append(settings, "SET plan_cache_mode = force_generic_plan", "PREPARE explained"+params+" AS "+sql) {
+			if err := tx.Exec(stmt).Error; err != nil {
+				return err
+			}
+		}
+		defer tx.Exec("DEALLOCATE explained")
+		return tx.Raw(explain + " EXECUTE explained" + args).Scan(&plan).Error
+	})
+	require.NoError(t, err)
+	return plan
 }
