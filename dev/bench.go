@@ -134,7 +134,8 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	stmts, err := newPGStatements(ctx, dbURL)
 	if err != nil {
 		fmt.Printf("Postgres statements not ranked (pg_stat_statements needs shared_preload_libraries; "+
-			"use a private cluster: ANNEAL_DEV_PG=private, then ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements' and restart it): %v\n", err)
+			"use a private cluster: ANNEAL_DEV_PG=private, then ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements' and restart it; "+
+			"ALTER SYSTEM SET pg_stat_statements.track_planning = on adds each statement's planning): %v\n", err)
 	}
 	api := newAPIClient(apiURL, env["ANNEAL_TOKEN"])
 	if err := ensureEnrollToken(ctx, api, env); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,4 +83,30 @@ func TestOwnPerBareServer(t *testing.T) {
 	assert.Equal(t, "0.250 median of the rounds' (rounds in order: 0.250 0.250 0.200)", ownPerBareServer(rs, 1000))
 	assert.Equal(t, "0.500 median of the rounds' (rounds in order: 0.500 0.500 0.400)", ownPerBareServer(rs, 2000), "bare activities counted apart from anneal's runs")
 	assert.Equal(t, "no round ran both sides", ownPerBareServer(rs[3:], 1000))
+}
+
+// Statements are ranked by execution time; their planning shows beside it
+// only when the server tracked some, and the short list is cut to n.
+func TestRankStatements(t *testing.T) {
+	stmts := []statementStats{
+		{calls: 100, ms: 20, rows: 100, query: "SELECT  a\n FROM t"},
+		{calls: 10, ms: 50, plans: 10, planMS: 4.5, rows: 10, query: "UPDATE t SET b = 1"},
+		{calls: 1, ms: 5, rows: 1, query: "ANALYZE t"},
+	}
+	short, full := rankStatements(stmts, 3, 2, "/tmp/s.txt")
+	assert.Equal(t, "  Postgres: 3 connections opened during the phase; statements: 111 calls, 0.1 s executing and 0.0 s planning; top 2 by total execution time (all in /tmp/s.txt):\n"+
+		"          10 calls      50.0 ms  66.7% (10 plans, 4.5 ms)  UPDATE t SET b = 1\n"+
+		"         100 calls      20.0 ms  26.7% (0 plans, 0.0 ms)  SELECT a FROM t\n", short)
+	lines := strings.Split(strings.TrimSuffix(full, "\n"), "\n")
+	require.Len(t, lines, 3, "every statement in the full list")
+	assert.Contains(t, lines[0], "10 plans       4.5 ms planning")
+	assert.True(t, strings.HasSuffix(lines[2], "ANALYZE t"), lines[2])
+	assert.Equal(t, "SELECT  a\n FROM t", stmts[0].query, "the caller's list untouched")
+
+	for i := range stmts {
+		stmts[i].plans, stmts[i].planMS = 0, 0
+	}
+	short, _ = rankStatements(stmts, 0, 1, "/tmp/s.txt")
+	assert.Equal(t, "  Postgres: 0 connections opened during the phase; statements: 111 calls, 0.1 s executing; top 1 by total execution time (all in /tmp/s.txt):\n"+
+		"          10 calls      50.0 ms  66.7%  UPDATE t SET b = 1\n", short, "no planning shown when none was tracked")
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -548,7 +549,7 @@ func (s *pgStatements) reset(ctx context.Context) error {
 }
 
 // report writes the statements of the bench database ranked by total
-// execution time to path and returns the first n as text.
+// execution time to path and returns the first n as text (rankStatements).
 func (s *pgStatements) report(ctx context.Context, path string, n int) (string, error) {
 	conn, err := pgx.Connect(ctx, s.dbURL)
 	if err != nil {
@@ -559,50 +560,75 @@ func (s *pgStatements) report(ctx context.Context, path string, n int) (string, 
 	if err := conn.QueryRow(ctx, sessionsSQL).Scan(&sessions); err != nil {
 		return "", err
 	}
-	rows, err := conn.Query(ctx, `select calls, total_exec_time, rows, query from pg_stat_statements
-		where dbid = (select oid from pg_database where datname = current_database())
-		order by total_exec_time desc`)
+	rows, err := conn.Query(ctx, `select calls, total_exec_time, plans, total_plan_time, rows, query from pg_stat_statements
+		where dbid = (select oid from pg_database where datname = current_database())`)
 	if err != nil {
 		return "", err
 	}
 	defer rows.Close()
-	type stmt struct {
-		calls, rows int64
-		ms          float64
-		query       string
-	}
-	var all []stmt
-	var sum float64
-	var calls int64
+	var all []statementStats
 	for rows.Next() {
-		var st stmt
-		if err := rows.Scan(&st.calls, &st.ms, &st.rows, &st.query); err != nil {
+		var st statementStats
+		if err := rows.Scan(&st.calls, &st.ms, &st.plans, &st.planMS, &st.rows, &st.query); err != nil {
 			return "", err
 		}
 		all = append(all, st)
-		sum += st.ms
-		calls += st.calls
 	}
 	if err := rows.Err(); err != nil {
 		return "", err
 	}
+	short, full := rankStatements(all, sessions-s.sessions, n, path)
+	return short, os.WriteFile(path, []byte(full), 0o644)
+}
+
+// statementStats is one statement's line of pg_stat_statements.
+type statementStats struct {
+	calls, plans, rows int64
+	// ms and planMS are its total execution and planning times.
+	ms, planMS float64
+	query      string
+}
+
+// rankStatements ranks statements by total execution time: short heads
+// the first n (their text cut), full lists them all. Their planning is
+// shown beside, and counted, when the server tracks it
+// (pg_stat_statements.track_planning = on; off by default, as it costs a
+// little at each planning): a statement planned anew at each call spends
+// CPU that its execution time does not show.
+func rankStatements(all []statementStats, sessions int64, n int, path string) (short, full string) {
+	all = slices.Clone(all)
 	sort.SliceStable(all, func(i, j int) bool { return all[i].ms > all[j].ms })
-	var full, short strings.Builder
-	fmt.Fprintf(&short, "  Postgres: %d connections opened during the phase; statements: %d calls, %.1f s executing; top %d by total time (all in %s):\n",
-		sessions-s.sessions, calls, sum/1000, n, path)
-	for i, st := range all {
-		line := fmt.Sprintf("%8d calls %9.1f ms %6.1f%% %9d rows  %s\n", st.calls, st.ms, 100*st.ms/max(sum, 1e-9), st.rows,
-			strings.Join(strings.Fields(st.query), " "))
-		full.WriteString(line)
-		if i < n {
-			q := strings.Join(strings.Fields(st.query), " ")
-			if len(q) > 150 {
-				q = q[:150] + "..."
-			}
-			fmt.Fprintf(&short, "    %8d calls %9.1f ms %5.1f%%  %s\n", st.calls, st.ms, 100*st.ms/max(sum, 1e-9), q)
-		}
+	var sum, planSum float64
+	var calls int64
+	for _, st := range all {
+		sum += st.ms
+		planSum += st.planMS
+		calls += st.calls
 	}
-	return short.String(), os.WriteFile(path, []byte(full.String()), 0o644)
+	var f, sh strings.Builder
+	planned := ""
+	if planSum > 0 {
+		planned = fmt.Sprintf(" and %.1f s planning", planSum/1000)
+	}
+	fmt.Fprintf(&sh, "  Postgres: %d connections opened during the phase; statements: %d calls, %.1f s executing%s; top %d by total execution time (all in %s):\n",
+		sessions, calls, sum/1000, planned, n, path)
+	for i, st := range all {
+		q := strings.Join(strings.Fields(st.query), " ")
+		fmt.Fprintf(&f, "%8d calls %9.1f ms %6.1f%% %6d plans %9.1f ms planning %9d rows  %s\n",
+			st.calls, st.ms, 100*st.ms/max(sum, 1e-9), st.plans, st.planMS, st.rows, q)
+		if i >= n {
+			continue
+		}
+		if len(q) > 150 {
+			q = q[:150] + "..."
+		}
+		plan := ""
+		if planSum > 0 {
+			plan = fmt.Sprintf(" (%d plans, %.1f ms)", st.plans, st.planMS)
+		}
+		fmt.Fprintf(&sh, "    %8d calls %9.1f ms %5.1f%%%s  %s\n", st.calls, st.ms, 100*st.ms/max(sum, 1e-9), plan, q)
+	}
+	return sh.String(), f.String()
 }
 
 // walPosition reads where Postgres's write-ahead log inserts next. The
