@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -230,6 +231,13 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		fmt.Println(idleLine)
 	}
 
+	// The machine's speed, measured beside the rounds (the site is idle:
+	// no agent runs a command meanwhile).
+	refBefore, err := measureMachine(referenceExecs, referenceJSONRounds)
+	if err != nil {
+		return fmt.Errorf("measure the machine's reference: %w", err)
+	}
+
 	// Rounds alternate which side goes first, and the median ratio is
 	// reported: this machine is noisy and the SQLite file grows as it goes.
 	var results []roundResult
@@ -287,7 +295,16 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		fmt.Printf("round %d: anneal %.2fs, bare %.2fs, ratio %.2f\n", round, r.anneal.Seconds(), r.bare.Seconds(), r.ratio())
 		results = append(results, r)
 	}
+	refAfter, err := measureMachine(referenceExecs, referenceJSONRounds)
+	if err != nil {
+		return fmt.Errorf("measure the machine's reference: %w", err)
+	}
 	ownLine := ownCPUMedian(results) // the rounds in the order they ran
+	ownMs := 0.0
+	if own := roundOwnCPUs(results); len(own) > 0 {
+		ownMs = median(own)
+	}
+	refLine := referenceLine(refBefore, refAfter, ownMs)
 	shareLine := ownPerBareServer(results, *nodes**tasks)
 	rss, rssErr := devenv.PeakRSS(srv.Pid())
 	maxHist, maxChild := 0, 0
@@ -311,6 +328,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
   anneal's own CPU per task run: %.2f ms (machine minus Temporal server, / runs); %.2f ms measured in anneal's processes
                                  (%.2f ms counting the whole Postgres cluster: the right figure when it is private, ANNEAL_DEV_PG=private)
                                  %s
+                                 %s
   own CPU per run / bare server CPU per activity, same round: %s
   CPU seconds, anneal: %s
   CPU seconds, bare:   %s
@@ -323,7 +341,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
 		float64(rss)/(1<<20), errSuffix(rssErr), m.wal,
 		1000*m.ownCPUPerRun(), 1000*m.annealCPU.ours()/float64(m.runs),
 		1000*(m.annealCPU.ours()-m.annealCPU.pgOurs+m.annealCPU.pgCluster)/float64(m.runs),
-		ownLine, shareLine, m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
+		ownLine, refLine, shareLine, m.annealCPU.split(m.runs), m.bareCPU.split(bareRuns))
 	if idleLine != "" {
 		fmt.Println("  " + idleLine)
 	}
@@ -412,20 +430,28 @@ func ratios(rs []roundResult) string {
 // targets are medians of each figure over the rounds, and the first
 // round, whose nodes have no history yet, costs more than the others.
 func ownCPUMedian(rs []roundResult) string {
-	own := make([]float64, 0, len(rs))
-	var parts []string
-	for _, r := range rs {
-		if r.runs == 0 {
-			continue
-		}
-		ms := 1000 * r.ownCPUPerRun()
-		own = append(own, ms)
-		parts = append(parts, fmt.Sprintf("%.2f", ms))
-	}
+	own := roundOwnCPUs(rs)
 	if len(own) == 0 {
 		return "median of rounds: none ran"
 	}
-	return fmt.Sprintf("%.2f ms median of the rounds' (machine minus Temporal server; rounds in order: %s)", median(own), strings.Join(parts, " "))
+	parts := make([]string, len(own))
+	for i, ms := range own {
+		parts[i] = fmt.Sprintf("%.2f", ms)
+	}
+	return fmt.Sprintf("%.2f ms median of the rounds' (machine minus Temporal server; rounds in order: %s)", median(slices.Clone(own)), strings.Join(parts, " "))
+}
+
+// roundOwnCPUs returns each round's own CPU per task run in ms (machine
+// minus Temporal server), in the order of rs, leaving out rounds with no
+// runs.
+func roundOwnCPUs(rs []roundResult) []float64 {
+	own := make([]float64, 0, len(rs))
+	for _, r := range rs {
+		if r.runs > 0 {
+			own = append(own, 1000*r.ownCPUPerRun())
+		}
+	}
+	return own
 }
 
 // ownPerBareServer says anneal's own CPU per task run (machine minus

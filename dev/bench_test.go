@@ -110,3 +110,33 @@ func TestRankStatements(t *testing.T) {
 	assert.Equal(t, "  Postgres: 0 connections opened during the phase; statements: 111 calls, 0.1 s executing; top 1 by total execution time (all in /tmp/s.txt):\n"+
 		"          10 calls      50.0 ms  66.7%  UPDATE t SET b = 1\n", short, "no planning shown when none was tracked")
 }
+
+// TestMeasureMachine: the reference work costs CPU, the shells' counted
+// with the starting thread's, and four times the JSON round trips cost
+// about four times the CPU (the measure is the thread's, not the wall
+// clock's).
+func TestMeasureMachine(t *testing.T) {
+	ref, err := measureMachine(20, 500)
+	require.NoError(t, err)
+	assert.Positive(t, ref.exec, "starting a shell costs CPU")
+	assert.Less(t, ref.exec, 100*time.Millisecond, "one shell, not all of them")
+	assert.Positive(t, ref.json)
+	t.Logf("on this machine: %v per shell, %v for 500 JSON round trips", ref.exec, ref.json)
+
+	more, err := measureMachine(1, 2000)
+	require.NoError(t, err)
+	ratio := float64(more.json) / float64(ref.json)
+	assert.InDelta(t, 4, ratio, 2, "the CPU grows with the round trips: %v for 500, %v for 2000", ref.json, more.json)
+}
+
+// TestReferenceLine: the references before and after the rounds, and the
+// own CPU per run in shells; none measured is a dash, not a division.
+func TestReferenceLine(t *testing.T) {
+	before := machineReference{exec: 1200 * time.Microsecond, json: 180 * time.Millisecond}
+	after := machineReference{exec: 1300 * time.Microsecond, json: 190 * time.Millisecond}
+	line := referenceLine(before, after, 6.0)
+	assert.Contains(t, line, "`/bin/sh -c true` 1.20 / 1.30 ms CPU each")
+	assert.Contains(t, line, "2000 JSON round trips 180 / 190 ms CPU")
+	assert.Contains(t, line, "is 5.0 times the reference shell's")
+	assert.Contains(t, referenceLine(before, after, 0), "is - times")
+}
