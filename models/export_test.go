@@ -16,7 +16,7 @@ const (
 )
 
 // ClaimOrNextOfferSQL is the poll's one statement, for the same test.
-var ClaimOrNextOfferSQL = claimOrNextOfferSQL
+func ClaimOrNextOfferSQL() string { return pollStatement().sql }
 
 // UpstreamOutputsReference reads, by a query of its own, the outputs of
 // the runs run depends on, directly or not, that ended well: the reference

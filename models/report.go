@@ -30,19 +30,13 @@ type reportQuery struct {
 // handAheadSQL) ready to run: its %[1]s becomes the reported runs'
 // columns, read from res, %[2]s the dispatched runs', read from d.
 func reportQueryOf(text string) reportQuery {
-	s, err := schema.Parse(&TaskRun{}, &sync.Map{}, schema.NamingStrategy{})
-	if err != nil {
-		panic(fmt.Sprintf("parse the task run model: %v", err)) // a programming error
-	}
-	if _, err := (&TaskRun{}).taskRunDests(s.DBNames); err != nil {
-		panic(err) // a programming error: a column added without columnDest
-	}
+	columns := taskRunColumnNames()
 	read := map[string]bool{}
 	for _, c := range strings.Split(resultColumns, ",") {
 		read[strings.TrimSpace(c)] = true
 	}
 	var reported, next []string
-	for _, c := range s.DBNames {
+	for _, c := range columns {
 		if read[c] {
 			reported = append(reported, "res."+c)
 		} else {
@@ -51,8 +45,21 @@ func reportQueryOf(text string) reportQuery {
 		next = append(next, "d."+c)
 	}
 	q, params := positionalSQL(fmt.Sprintf(text, strings.Join(reported, ", "), strings.Join(next, ", ")))
-	return reportQuery{sql: q, params: params, columns: s.DBNames}
+	return reportQuery{sql: q, params: params, columns: columns}
 }
+
+// taskRunColumnNames are the task_runs columns TaskRun has fields for, in
+// the model's order; each has a scan destination (TaskRun.columnDest).
+var taskRunColumnNames = sync.OnceValue(func() []string {
+	s, err := schema.Parse(&TaskRun{}, &sync.Map{}, schema.NamingStrategy{})
+	if err != nil {
+		panic(fmt.Sprintf("parse the task run model: %v", err)) // a programming error
+	}
+	if _, err := (&TaskRun{}).taskRunDests(s.DBNames); err != nil {
+		panic(err) // a programming error: a column added without columnDest
+	}
+	return s.DBNames
+})
 
 // noOutputsContext is the context of a run that sees no outputs: one
 // dispatched when no run of its transaction has left any.

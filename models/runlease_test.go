@@ -236,17 +236,53 @@ func mustErr(_ any, err error) error { return err }
 func TestWorkQueriesUseAnIndex(t *testing.T) {
 	f := storetest.NewFixture(t)
 	for _, q := range []struct {
-		sql    string
-		params string
-	}{{models.ClaimWorkSQL, "(float8, boolean, bigint)"}, {models.NextOfferSQL, "(bigint)"}, {models.ClaimOrNextOfferSQL, "(float8, boolean, bigint, bigint)"}} {
+		sql          string
+		params, args string
+	}{
+		{models.ClaimWorkSQL, "(float8, boolean, bigint)", "(5, true, 1)"},
+		{models.NextOfferSQL, "(bigint)", "(1)"},
+		{models.ClaimOrNextOfferSQL(), "(float8, boolean, bigint, bigint)", "(5, true, 1, 1)"}, // positional already
+	} {
 		// Number the placeholders as PREPARE wants them.
 		sql, n := q.sql, 0
 		for strings.Contains(sql, "?") {
 			n++
 			sql = strings.Replace(sql, "?", fmt.Sprintf("$%d", n), 1)
 		}
-		args := map[int]string{1: "(1)", 3: "(5, true, 1)", 4: "(5, true, 1, 1)"}[n]
-		plan := storetest.ExplainGeneric(t, f.Store.DB, "EXPLAIN", sql, q.params, args, "SET enable_seqscan = off")
+		plan := storetest.ExplainGeneric(t, f.Store.DB, "EXPLAIN", sql, q.params, q.args, "SET enable_seqscan = off")
 		assert.Contains(t, strings.Join(plan, "\n"), "task_runs_node_unfinished_idx", "%s", q.sql)
 	}
+}
+
+// TestPollPlansOnce: the poll's statement runs with its generic plan,
+// planned once on a connection, whatever the statistics say: left to
+// choose after an ANALYZE of many runs, Postgres planned it anew at about
+// every second call.
+func TestPollPlansOnce(t *testing.T) {
+	f := storetest.NewFixture(t)
+	sqlDB, err := f.Store.DB.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(1) // every poll on the connection asked below
+	txn, _ := f.Plan(t)
+	setup := f.RunsByLabel(t, txn)["setup@"+storetest.CtlName]
+	_, err = f.Store.DispatchRun(f.Ctx, setup.ID, []byte("token-1"))
+	require.NoError(t, err)
+	require.NoError(t, f.Store.DB.Exec("ANALYZE task_runs").Error)
+
+	for i := range 7 {
+		claimed, next, err := f.Store.ClaimWorkOrNextOffer(f.Ctx, f.Ctl.ID, time.Minute, false)
+		require.NoError(t, err)
+		if i == 0 {
+			require.Len(t, claimed, 1, "the first poll claims the run")
+			assert.Equal(t, setup.ID, claimed[0].ID)
+		} else {
+			assert.Empty(t, claimed, "within its lease the run is not offered again")
+			assert.False(t, next.IsZero(), "and the poll says when it is")
+		}
+	}
+	var plans struct{ GenericPlans, CustomPlans int64 }
+	require.NoError(t, f.Store.DB.Raw(`SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = ?`,
+		models.ClaimOrNextOfferSQL()).Scan(&plans).Error)
+	assert.Equal(t, int64(0), plans.CustomPlans, "never planned for its arguments' values")
+	assert.Equal(t, int64(7), plans.GenericPlans, "the generic plan serves each poll")
 }
