@@ -24,7 +24,8 @@ import (
 // its CPU at 100 nodes (the fifteenth session's report). Their plans do
 // not depend on their parameters' values (runs found by id, a node's runs
 // through its index), so they always run with a generic plan: planned once
-// per connection, and again only when the tables' statistics change.
+// per connection, and again only when the tables' statistics change. So
+// does the poll's (pollStatement), for the same reason.
 
 // forceGenericPlanSQL makes the statements after it in the same implicit
 // transaction (a pipeline, up to its Sync) use a generic plan.
