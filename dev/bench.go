@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -299,11 +298,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	if err != nil {
 		return fmt.Errorf("measure the machine's reference: %w", err)
 	}
-	ownLine := ownCPUMedian(results) // the rounds in the order they ran
-	ownMs := 0.0
-	if own := roundOwnCPUs(results); len(own) > 0 {
-		ownMs = median(own)
-	}
+	ownLine, ownMs := ownCPUMedian(results) // the rounds in the order they ran
 	refLine := referenceLine(refBefore, refAfter, ownMs)
 	shareLine := ownPerBareServer(results, *nodes**tasks)
 	rss, rssErr := devenv.PeakRSS(srv.Pid())
@@ -428,30 +423,22 @@ func ratios(rs []roundResult) string {
 // server) as the median over the rounds rs (in the order they ran), apart
 // from the median-ratio round's figures above it, with each round's: the
 // targets are medians of each figure over the rounds, and the first
-// round, whose nodes have no history yet, costs more than the others.
-func ownCPUMedian(rs []roundResult) string {
-	own := roundOwnCPUs(rs)
-	if len(own) == 0 {
-		return "median of rounds: none ran"
-	}
-	parts := make([]string, len(own))
-	for i, ms := range own {
-		parts[i] = fmt.Sprintf("%.2f", ms)
-	}
-	return fmt.Sprintf("%.2f ms median of the rounds' (machine minus Temporal server; rounds in order: %s)", median(slices.Clone(own)), strings.Join(parts, " "))
-}
-
-// roundOwnCPUs returns each round's own CPU per task run in ms (machine
-// minus Temporal server), in the order of rs, leaving out rounds with no
-// runs.
-func roundOwnCPUs(rs []roundResult) []float64 {
+// round, whose nodes have no history yet, costs more than the others. It
+// returns the median in ms too (0 when no round ran).
+func ownCPUMedian(rs []roundResult) (line string, medianMs float64) {
 	own := make([]float64, 0, len(rs))
+	var parts []string
 	for _, r := range rs {
 		if r.runs > 0 {
 			own = append(own, 1000*r.ownCPUPerRun())
+			parts = append(parts, fmt.Sprintf("%.2f", own[len(own)-1]))
 		}
 	}
-	return own
+	if len(own) == 0 {
+		return "median of rounds: none ran", 0
+	}
+	medianMs = median(own)
+	return fmt.Sprintf("%.2f ms median of the rounds' (machine minus Temporal server; rounds in order: %s)", medianMs, strings.Join(parts, " ")), medianMs
 }
 
 // ownPerBareServer says anneal's own CPU per task run (machine minus

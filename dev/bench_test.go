@@ -68,9 +68,15 @@ func TestOwnCPUMedian(t *testing.T) {
 		return roundResult{runs: 1000, annealCPU: cpuUse{total: total, server: server}}
 	}
 	rs := []roundResult{round(6.4, 3.0), round(6.1, 3.1), round(6.0, 3.1), {}}
-	assert.Equal(t, "3.00 ms median of the rounds' (machine minus Temporal server; rounds in order: 3.40 3.00 2.90)", ownCPUMedian(rs))
-	assert.Equal(t, "3.20 ms median of the rounds' (machine minus Temporal server; rounds in order: 3.40 3.00)", ownCPUMedian(rs[:2]))
-	assert.Equal(t, "median of rounds: none ran", ownCPUMedian(rs[3:]))
+	line, ms := ownCPUMedian(rs)
+	assert.Equal(t, "3.00 ms median of the rounds' (machine minus Temporal server; rounds in order: 3.40 3.00 2.90)", line)
+	assert.InDelta(t, 3.0, ms, 1e-9)
+	line, ms = ownCPUMedian(rs[:2])
+	assert.Equal(t, "3.20 ms median of the rounds' (machine minus Temporal server; rounds in order: 3.40 3.00)", line)
+	assert.InDelta(t, 3.2, ms, 1e-9)
+	line, ms = ownCPUMedian(rs[3:])
+	assert.Equal(t, "median of rounds: none ran", line)
+	assert.Zero(t, ms)
 }
 
 // The own CPU per run over the bare server's CPU per activity is taken

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"os/exec"
 	"runtime"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The bench's figures are CPU times, and this machine's speed moves: the
@@ -111,22 +112,18 @@ func referenceDoc() map[string]any {
 // threadAndChildrenCPU returns the calling thread's CPU (user and system)
 // and that of this process's reaped children.
 func threadAndChildrenCPU() (thread, children time.Duration, err error) {
-	var t, c syscall.Rusage
-	if err := syscall.Getrusage(rusageThread, &t); err != nil {
+	var t, c unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &t); err != nil {
 		return 0, 0, fmt.Errorf("getrusage(RUSAGE_THREAD): %w", err)
 	}
-	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &c); err != nil {
+	if err := unix.Getrusage(unix.RUSAGE_CHILDREN, &c); err != nil {
 		return 0, 0, fmt.Errorf("getrusage(RUSAGE_CHILDREN): %w", err)
 	}
 	return rusageCPU(t), rusageCPU(c), nil
 }
 
-// rusageThread is Linux's RUSAGE_THREAD, which package syscall does not
-// name.
-const rusageThread = 1
-
 // rusageCPU is a rusage's user and system time.
-func rusageCPU(r syscall.Rusage) time.Duration {
+func rusageCPU(r unix.Rusage) time.Duration {
 	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
 }
 

@@ -8,12 +8,12 @@ import (
 	"gorm.io/gorm"
 )
 
-// The agents' work queries, for the test of their plans
-// (TestWorkQueriesUseAnIndex).
-const (
-	ClaimWorkSQL = claimWorkSQL
-	NextOfferSQL = nextOfferSQL
-)
+// ClaimWorkSQL and NextOfferSQL are the agents' work queries, positional
+// (positionalSQL), for the test of their plans (TestWorkQueriesUseAnIndex).
+func ClaimWorkSQL() string { q, _ := positionalSQL(claimWorkSQL); return q }
+
+// NextOfferSQL: see ClaimWorkSQL.
+func NextOfferSQL() string { q, _ := positionalSQL(nextOfferSQL); return q }
 
 // ClaimOrNextOfferSQL is the poll's one statement, for the same test.
 func ClaimOrNextOfferSQL() string { return pollStatement().sql }
@@ -91,7 +91,7 @@ func (s *Store) ClaimWork(ctx context.Context, nodeID int64, lease time.Duration
 // zero time if none waits.
 func (s *Store) NextOffer(ctx context.Context, nodeID int64) (time.Time, error) {
 	var next sql.NullTime
-	err := s.DB.WithContext(ctx).Raw(nextOfferSQL, nodeID).Row().Scan(&next)
+	err := s.DB.WithContext(ctx).Raw(nextOfferSQL, sql.Named("node", nodeID)).Row().Scan(&next)
 	return next.Time, err
 }
 

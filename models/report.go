@@ -17,9 +17,11 @@ const noOutputsHashSQL = `encode(sha256(convert_to(d.inputs_base, 'UTF8') || '\x
 var lcmLastRunWhere = fmt.Sprintf(lastRunsWhere, "(SELECT deployment_id FROM transactions WHERE id = d.transaction_id)", "d.graph_type",
 	"r.node_id = d.node_id AND r.task_name = d.task_name AND r.id <> d.id")
 
-// reportQuery is a report statement (batchReportSQL, handAheadSQL) ready to run: positional (positionalSQL),
-// with its parameters' names in order and the task_runs columns of its
-// answer's rows, between part and log_stored.
+// reportQuery is a statement that answers task runs (batchReportSQL,
+// handAheadSQL, the poll's claimOrNextOfferSQL) ready to run: positional
+// (positionalSQL), with its parameters' names in order and the task_runs
+// columns of its answer's rows (for the report's, between part and
+// log_stored).
 type reportQuery struct {
 	sql     string
 	params  []string

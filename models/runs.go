@@ -607,9 +607,13 @@ const DefaultAckLease = 5 * time.Second
 func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease time.Duration, asAcked bool) ([]TaskRun, time.Time, error) {
 	lease = ackLeaseOr(lease)
 	q := pollStatement()
+	args, err := positionalArgs(q.params, map[string]any{"lease": lease.Seconds(), "acked": asAcked, "node": nodeID})
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("claim work of node %d: %w", nodeID, err)
+	}
 	var runs []TaskRun
 	var next time.Time
-	err := queryGenericPlan(s.DB.WithContext(ctx), q.sql, []any{lease.Seconds(), asAcked, nodeID, nodeID}, func(rows rowReader) error {
+	err = queryGenericPlan(s.DB.WithContext(ctx), q.sql, args, func(rows rowReader) error {
 		for rows.Next() {
 			var run TaskRun
 			var outputsLeft bool
@@ -640,7 +644,7 @@ func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease ti
 }
 
 // claimOrNextOfferSQL is claimWorkSQL and nextOfferSQL in one statement
-// (lease seconds, as acknowledged, node, node): the runs claimed, each with whether its
+// (@lease, @acked, @node): the runs claimed, each with whether its
 // transaction has outputs yet (outputs_left, read from the snapshot before
 // the claim, which changes no outputs), or, when none is, one row of NULLs
 // whose next_offer is nextOfferSQL's answer, which the claim that changed
@@ -664,23 +668,21 @@ WHERE NOT EXISTS (SELECT 1 FROM claimed)`
 // as it did the report's statement (see queryGenericPlan).
 var pollStatement = sync.OnceValue(func() reportQuery {
 	columns := taskRunColumnNames()
-	text := fmt.Sprintf(claimOrNextOfferSQL, prefixed("c.", strings.Join(columns, ",")), prefixed("n.", strings.Join(columns, ",")))
-	for n := 1; strings.Contains(text, "?"); n++ {
-		text = strings.Replace(text, "?", "$"+strconv.Itoa(n), 1)
-	}
-	return reportQuery{sql: text, columns: columns}
+	q, params := positionalSQL(fmt.Sprintf(claimOrNextOfferSQL,
+		prefixed("c.", strings.Join(columns, ",")), prefixed("n.", strings.Join(columns, ","))))
+	return reportQuery{sql: q, params: params, columns: columns}
 })
 
-// claimWorkSQL claims a node's runs to hand out (lease seconds, as
-// acknowledged, node). A run not acknowledged is offered, and one handed
+// claimWorkSQL claims a node's runs to hand out (@lease seconds, @acked:
+// as acknowledged, @node). A run not acknowledged is offered, and one handed
 // back with a report's answer, or taken as acknowledged by a poll, that
 // its agent has not confirmed (acked_at = claimed_at: see chainLink)
 // once its lease has passed; the latter stays marked so, and so is the
 // former when the poll takes it as acknowledged.
 const claimWorkSQL = `
-UPDATE task_runs t SET claimed_at = now(), lease_until = now() + make_interval(secs => ?), updated_at = now(),
-  acked_at = CASE WHEN acked_at IS NOT NULL OR ?::boolean THEN now() END
-WHERE t.node_id = ? AND ` + offerableSQL + `
+UPDATE task_runs t SET claimed_at = now(), lease_until = now() + make_interval(secs => @lease), updated_at = now(),
+  acked_at = CASE WHEN acked_at IS NOT NULL OR @acked::boolean THEN now() END
+WHERE t.node_id = @node AND ` + offerableSQL + `
   AND (t.claimed_at IS NULL OR t.lease_until <= now())
 RETURNING *`
 
@@ -700,10 +702,10 @@ const offerableSQL = `t.state = 'running' AND (t.acked_at IS NULL OR (t.acked_at
       AND p.chain_next = t.id AND p.chain_head = t.chain_head AND p.state IN ('succeeded', 'skipped')))))`
 
 // nextOfferSQL finds when a node's next unacknowledged run is offered
-// again (node).
+// again (@node).
 const nextOfferSQL = `
 SELECT min(t.lease_until) FROM task_runs t
-WHERE t.node_id = ? AND ` + offerableSQL + ` AND t.lease_until IS NOT NULL`
+WHERE t.node_id = @node AND ` + offerableSQL + ` AND t.lease_until IS NOT NULL`
 
 // AckRun records that a node's agent took delivery of attempt of a run (0:
 // whatever attempt is current, for an agent that does not say), or
