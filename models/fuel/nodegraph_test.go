@@ -88,10 +88,12 @@ func TestStartNodePlanStartsOnlyPendingWork(t *testing.T) {
 	count := func(*gorm.DB) { statements.Add(1) }
 	require.NoError(t, store.DB.Callback().Query().After("gorm:query").Register("test:count_query", count))
 	require.NoError(t, store.DB.Callback().Raw().After("gorm:raw").Register("test:count_raw", count))
+	require.NoError(t, store.DB.Callback().Row().After("gorm:row").Register("test:count_row", count))
 	started, err := store.StartNodePlan(ctx, txn.ID, 0, node.ID)
 	require.NoError(t, err)
 	require.NoError(t, store.DB.Callback().Query().Remove("test:count_query"))
 	require.NoError(t, store.DB.Callback().Raw().Remove("test:count_raw"))
+	require.NoError(t, store.DB.Callback().Row().Remove("test:count_row"))
 	assert.EqualValues(t, 1, statements.Load(), "runs, edges and the node's start in one round trip")
 	assert.Equal(t, read, started, "the same plan")
 	require.Len(t, started.Runs, 3)

@@ -467,7 +467,9 @@ var nodePlanSQL = `WITH runs AS MATERIALIZED (
   SELECT id, task_name, task_type, state, spec, position, node_id, node_name FROM task_runs
   WHERE transaction_id = @tx AND graph_index = @gi AND node_id = @node
 )%s
-SELECT 'r' AS kind, id, task_name, task_type, state, spec, position,
+SELECT 'r' AS kind, id, task_name, task_type, state,
+  COALESCE(spec->>'jig', '') AS jig, COALESCE((spec->>'timeout_sec')::int, 0) AS timeout_sec, COALESCE((spec->>'retries')::int, 0) AS retries,
+  position,
   NULL::bigint AS parent_id, NULL::bigint AS child_id, NULL::bigint AS parent_node, NULL::bigint AS child_node,
   NULL::text AS parent_state, NULL::text AS child_node_name
 FROM runs
@@ -480,7 +482,7 @@ ORDER BY kind DESC, position`
 // looked up from each of them; other is the edge's other end, read by id.
 func nodeEdgesSQL(end, other string) string {
 	return fmt.Sprintf(`
-SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
+SELECT 'e', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, e.parent_id, e.child_id, p.node_id, c.node_id, p.state, c.node_name
 FROM runs %[1]s CROSS JOIN LATERAL (SELECT parent_id, child_id FROM run_edges WHERE %[3]s = %[1]s.id OFFSET 0) e
 JOIN task_runs %[2]s ON %[2]s.id = e.%[4]s`, end, other, edgeColumn[end], edgeColumn[other])
 }
@@ -500,54 +502,66 @@ func (s *Store) nodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64
 	if start {
 		startCTE = startNodeSQL
 	}
-	var rows []struct {
-		Kind string
-		models.TaskRun
-		EdgeRow `gorm:"embedded"`
-	}
-	err := s.DB.WithContext(ctx).Raw(fmt.Sprintf(nodePlanSQL, startCTE), sql.Named("tx", id), sql.Named("gi", gi), sql.Named("node", nodeID)).
-		Find(&rows).Error
+	rows, err := s.DB.WithContext(ctx).Raw(fmt.Sprintf(nodePlanSQL, startCTE), sql.Named("tx", id), sql.Named("gi", gi), sql.Named("node", nodeID)).Rows()
 	if err != nil {
 		return nil, fmt.Errorf("load runs and edges of node %d in %s: %w", nodeID, id, err)
 	}
+	defer rows.Close()
 	out := &contract.NodePlan{RemoteStates: map[int64]string{}}
 	index := map[int64]int{}
-	for _, row := range rows {
-		if row.Kind != "r" {
-			break // the runs come first
+	// Scanned by hand, as a node workflow starts with this call: through
+	// gorm's reflection it was most of the call's CPU in the worker.
+	var row nodePlanRow
+	dests := row.dests()
+	for rows.Next() {
+		if err := rows.Scan(dests...); err != nil {
+			return nil, fmt.Errorf("read runs and edges of node %d in %s: %w", nodeID, id, err)
 		}
-		r := row.TaskRun
-		index[r.ID] = len(out.Runs)
-		out.Runs = append(out.Runs, contract.NodeRun{
-			ID: r.ID, Task: r.TaskName, State: r.State, TimeoutSec: r.Spec.TimeoutSec, Retries: r.Spec.Retries,
-			NoOp: r.Spec.Jig == JigNone, OnOrchestrator: r.Spec.Jig == JigOrchestrator, OverSSH: r.Spec.Jig == JigSSH, Reboot: r.TaskType == TaskReboot,
-		})
-	}
-	for _, row := range rows[len(out.Runs):] {
-		e := row.EdgeRow
-		switch {
-		case e.ParentNode == nodeID && e.ChildNode == nodeID:
+		if row.kind == "r" { // the runs come first
+			index[row.id.Int64] = len(out.Runs)
+			out.Runs = append(out.Runs, contract.NodeRun{
+				ID: row.id.Int64, Task: row.taskName.String, State: row.state.String,
+				TimeoutSec: int(row.timeoutSec.Int64), Retries: int(row.retries.Int64),
+				NoOp: row.jig.String == JigNone, OnOrchestrator: row.jig.String == JigOrchestrator,
+				OverSSH: row.jig.String == JigSSH, Reboot: row.taskType.String == TaskReboot,
+			})
+			continue
+		}
+		parent, child := row.parentID.Int64, row.childID.Int64
+		switch parentNode, childNode := row.parentNode.Int64, row.childNode.Int64; {
+		case parentNode == nodeID && childNode == nodeID:
 			// Seen from both sides; keep it once.
-			r := &out.Runs[index[e.ChildID]]
-			if !slices.Contains(r.Parents, e.ParentID) {
-				r.Parents = append(r.Parents, e.ParentID)
+			r := &out.Runs[index[child]]
+			if !slices.Contains(r.Parents, parent) {
+				r.Parents = append(r.Parents, parent)
 			}
-		case e.ChildNode == nodeID:
-			r := &out.Runs[index[e.ChildID]]
-			r.Remote = append(r.Remote, e.ParentID)
-			out.RemoteStates[e.ParentID] = e.ParentState
+		case childNode == nodeID:
+			r := &out.Runs[index[child]]
+			r.Remote = append(r.Remote, parent)
+			out.RemoteStates[parent] = row.parentState.String
 		default:
-			r := &out.Runs[index[e.ParentID]]
-			r.RemoteKids = append(r.RemoteKids, contract.Peer{RunID: e.ChildID, Node: e.ChildNodeName})
+			r := &out.Runs[index[parent]]
+			r.RemoteKids = append(r.RemoteKids, contract.Peer{RunID: child, Node: row.childNodeName.String})
 		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read runs and edges of node %d in %s: %w", nodeID, id, err)
 	}
 	return out, nil
 }
 
-// EdgeRow is an edge with both ends' nodes, as contract.NodePlan reads it
-// (exported for GORM, which fills no embedded struct of an unexported type).
-type EdgeRow struct {
-	ParentID, ChildID          int64
-	ParentNode, ChildNode      int64
-	ParentState, ChildNodeName string
+// nodePlanRow is a row of nodePlanSQL: a run (kind 'r') or an edge (kind
+// 'e'), the other's columns NULL.
+type nodePlanRow struct {
+	kind                                     string
+	id, timeoutSec, retries, position        sql.NullInt64
+	taskName, taskType, state, jig           sql.NullString
+	parentID, childID, parentNode, childNode sql.NullInt64
+	parentState, childNodeName               sql.NullString
+}
+
+// dests are the row's fields in nodePlanSQL's column order.
+func (r *nodePlanRow) dests() []any {
+	return []any{&r.kind, &r.id, &r.taskName, &r.taskType, &r.state, &r.jig, &r.timeoutSec, &r.retries, &r.position,
+		&r.parentID, &r.childID, &r.parentNode, &r.childNode, &r.parentState, &r.childNodeName}
 }
