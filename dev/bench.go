@@ -703,21 +703,30 @@ func (nopLogger) Error(string, ...any) {}
 // clockTicks is USER_HZ, 100 on Linux.
 const clockTicks = 100.0
 
-// machineCPU is the busy (non-idle) CPU seconds of the whole machine.
+// machineCPU is the busy CPU seconds of the whole machine (busyTicks of
+// /proc/stat's first line).
 func machineCPU() float64 {
 	raw, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0
 	}
 	line, _, _ := strings.Cut(string(raw), "\n")
-	f := strings.Fields(line)
+	return busyTicks(line) / clockTicks
+}
+
+// busyTicks reads a "cpu" line of /proc/stat: the ticks of user, nice,
+// system, irq and softirq time. Not idle or iowait; not steal (time the
+// hypervisor gave to another guest: this machine's CPUs did not run then);
+// not guest or guest_nice (time this machine's own guests ran, which the
+// kernel counts in user and nice already).
+func busyTicks(line string) float64 {
 	var busy float64
-	for i, v := range f[1:] {
+	for i, v := range strings.Fields(line)[1:] {
 		var x float64
 		fmt.Sscan(v, &x)
-		if i != 3 && i != 4 { // idle, iowait
+		if i < 7 && i != 3 && i != 4 { // 3 idle, 4 iowait, 7 steal, 8 guest, 9 guest_nice
 			busy += x
 		}
 	}
-	return busy / clockTicks
+	return busy
 }

@@ -146,3 +146,10 @@ func TestReferenceLine(t *testing.T) {
 	assert.Contains(t, line, "is 5.0 times the reference shell's")
 	assert.Contains(t, referenceLine(before, after, 0), "is - times")
 }
+
+func TestBusyTicks(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	line := "cpu  1000 20 300 5000 70 4 60 900 800 7"
+	assert.Equal(t, float64(1000+20+300+4+60), busyTicks(line), "user, nice, system, irq and softirq; not idle, iowait, steal or guest time")
+	assert.Equal(t, float64(3), busyTicks("cpu 1 1 1"), "an older kernel's shorter line")
+}
