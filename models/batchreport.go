@@ -344,13 +344,9 @@ func batchReport(db *gorm.DB, nodeID int64, batch protocol.RunResults, runs []*T
 	err = queryGenericPlan(db, q.sql, args, func(rows rowReader) error {
 		for rows.Next() {
 			var step int
-			var row TaskRun
 			var stored bool
-			dests, err := row.taskRunDests(q.columns)
+			row, err := q.scanRun(rows, []any{&step}, &stored)
 			if err != nil {
-				return err
-			}
-			if err := rows.Scan(append(append([]any{&step}, dests...), &stored)...); err != nil {
 				return err
 			}
 			switch {
@@ -448,12 +444,8 @@ func (s *Store) HandAhead(ctx context.Context, nodeID, runID int64, attempt int,
 	var out []TaskRun
 	err = queryGenericPlan(s.DB.WithContext(ctx), q.sql, args, func(rows rowReader) error {
 		for rows.Next() {
-			var row TaskRun
-			dests, err := row.taskRunDests(q.columns)
+			row, err := q.scanRun(rows, nil)
 			if err != nil {
-				return err
-			}
-			if err := rows.Scan(dests...); err != nil {
 				return err
 			}
 			row.Context = noOutputsContext()

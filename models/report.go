@@ -50,6 +50,17 @@ func reportQueryOf(text string) reportQuery {
 	return reportQuery{sql: q, params: params, columns: columns}
 }
 
+// scanRun reads the current row of q's answer: a task run (q.columns)
+// between the columns of head and those of tail.
+func (q reportQuery) scanRun(rows rowReader, head []any, tail ...any) (TaskRun, error) {
+	var run TaskRun
+	dests, err := run.taskRunDests(q.columns)
+	if err != nil {
+		return run, err
+	}
+	return run, rows.Scan(append(append(head, dests...), tail...)...)
+}
+
 // taskRunColumnNames are the task_runs columns TaskRun has fields for, in
 // the model's order; each has a scan destination (TaskRun.columnDest).
 var taskRunColumnNames = sync.OnceValue(func() []string {

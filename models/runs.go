@@ -615,14 +615,10 @@ func (s *Store) ClaimWorkOrNextOffer(ctx context.Context, nodeID int64, lease ti
 	var next time.Time
 	err = queryGenericPlan(s.DB.WithContext(ctx), q.sql, args, func(rows rowReader) error {
 		for rows.Next() {
-			var run TaskRun
 			var outputsLeft bool
 			var nextOffer *time.Time
-			dests, err := run.taskRunDests(q.columns)
+			run, err := q.scanRun(rows, nil, &outputsLeft, &nextOffer)
 			if err != nil {
-				return err
-			}
-			if err := rows.Scan(append(dests, &outputsLeft, &nextOffer)...); err != nil {
 				return err
 			}
 			if run.ID == 0 {

@@ -554,7 +554,7 @@ func (s *Store) nodePlan(ctx context.Context, id uuid.UUID, gi int, nodeID int64
 // 'e'), the other's columns NULL.
 type nodePlanRow struct {
 	kind                                     string
-	id, timeoutSec, retries, position        sql.NullInt64
+	id, timeoutSec, retries, position        sql.NullInt64 // position only orders the rows
 	taskName, taskType, state, jig           sql.NullString
 	parentID, childID, parentNode, childNode sql.NullInt64
 	parentState, childNodeName               sql.NullString
