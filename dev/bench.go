@@ -42,6 +42,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	serverMetrics := fs.Int("server-metrics", 0, "serve the Temporal dev server's Prometheus metrics on this port during the bench "+
 		"(task_errors_throttled, task_latency_queue and task_attempt by operation show work queued behind a busy workflow)")
 	pprofDir := fs.String("pprof", "", "write CPU profiles of the worker+API and of the bench process (the agents with --agents-per-process 0) during the anneal phases into DIR")
+	crossNode := fs.Bool("cross-node", true, "give the middle task of each node a dependency on the anchor node's task before it (false: every node's tasks form one chain, to measure what the cross-node wait costs)")
 	idle := fs.Duration("idle", 20*time.Second, "measure the site idle for this long before the rounds (0: not): what the agents' background traffic (heartbeats, long polls) costs the worker, Postgres and the agents")
 	planOnly := fs.Bool("plan-only", false, "measure planning alone: the bench's deployment and nodes made in Postgres (no Temporal, agents or worker), "+
 		"then per round one transaction of the bench graph planned as the PlanGraph activity does; prints the median (with --pprof DIR, a CPU profile)")
@@ -141,7 +142,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	if err := ensureEnrollToken(ctx, api, env); err != nil {
 		return err
 	}
-	if _, err := api.call(ctx, http.MethodPost, "/api/v1/releases", "application/yaml", []byte(benchRelease(*tasks)), nil); err != nil {
+	if _, err := api.call(ctx, http.MethodPost, "/api/v1/releases", "application/yaml", []byte(benchRelease(*tasks, *crossNode)), nil); err != nil {
 		return err
 	}
 	if _, err := api.call(ctx, http.MethodPost, "/api/v1/deployments", "", map[string]string{"name": "bench", "release": "bench"}, nil); err != nil {
@@ -310,7 +311,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 	m := results[len(results)/2]
 	bareRuns := *nodes * *tasks
 	fmt.Printf(`
-anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node dependency), median of %d rounds
+anneal bench: %d nodes x %d tasks (chains of shell "true", %s), median of %d rounds
   anneal            %8.2f s  %6.0f task runs/s  (%d runs)
   bare Temporal     %8.2f s  %6.0f activities/s
   ratio anneal/bare %8.2f    (target <= 1.0; rounds: %s)
@@ -327,7 +328,7 @@ anneal bench: %d nodes x %d tasks (chains of shell "true", one cross-node depend
   own CPU per run / bare server CPU per activity, same round: %s
   CPU seconds, anneal: %s
   CPU seconds, bare:   %s
-`, *nodes, *tasks, len(results), m.anneal.Seconds(), float64(m.runs)/m.anneal.Seconds(), m.runs,
+`, *nodes, *tasks, crossNodeLabel(*crossNode), len(results), m.anneal.Seconds(), float64(m.runs)/m.anneal.Seconds(), m.runs,
 		m.bare.Seconds(), float64(bareRuns)/m.bare.Seconds(), m.ratio(), ratios(results),
 		m.hist.planning.Seconds(), m.hist.planningQueued.Seconds(),
 		maxHist, maxChild, m.hist.maxChildID,
@@ -614,10 +615,19 @@ func mustCreate(path string) *os.File {
 	return f
 }
 
+// crossNodeLabel names the bench graph's cross-node dependencies in its
+// summary.
+func crossNodeLabel(crossNode bool) string {
+	if crossNode {
+		return "one cross-node dependency"
+	}
+	return "no cross-node dependency"
+}
+
 // benchRelease is a release whose "bench" graph is a chain of n `true`
 // tasks on every node; the middle task also waits for its predecessor on
-// the anchor node (one cross-node dependency).
-func benchRelease(n int) string {
+// the anchor node (one cross-node dependency) unless crossNode is false.
+func benchRelease(n int, crossNode bool) string {
 	var b strings.Builder
 	b.WriteString("name: bench\nversion: \"1\"\nroles_metadata:\n  bench: {tags: [bench]}\n  anchor: {tags: [anchor]}\n")
 	b.WriteString("graphs:\n  bench:\n    tasks:\n")
@@ -627,7 +637,7 @@ func benchRelease(n int) string {
 		if i > 1 {
 			fmt.Fprintf(&b, "        requires: [t%d]\n", i-1)
 		}
-		if i == mid+1 {
+		if crossNode && i == mid+1 {
 			fmt.Fprintf(&b, "        cross_depends: [{name: t%d, tags: [anchor]}]\n", mid)
 		}
 	}

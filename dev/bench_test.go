@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anneal-dev/anneal/dev/testenv"
+	"github.com/anneal-dev/anneal/web"
 )
 
 // TestSetAsideKeepsRecentBenches: the previous bench's directory is moved
@@ -152,4 +153,30 @@ func TestBusyTicks(t *testing.T) {
 	line := "cpu  1000 20 300 5000 70 4 60 900 800 7"
 	assert.Equal(t, float64(1000+20+300+4+60), busyTicks(line), "user, nice, system, irq and softirq; not idle, iowait, steal or guest time")
 	assert.Equal(t, float64(3), busyTicks("cpu 1 1 1"), "an older kernel's shorter line")
+}
+
+// TestBenchReleaseCrossNode: the bench graph's middle task waits for the
+// anchor's task before it, unless --cross-node=false; the chain is whole
+// either way.
+func TestBenchReleaseCrossNode(t *testing.T) {
+	for _, cross := range []bool{true, false} {
+		spec, err := web.ParseRelease([]byte(benchRelease(6, cross)), "application/yaml")
+		require.NoError(t, err)
+		tasks := spec.Graphs["bench"].Tasks
+		require.Len(t, tasks, 6)
+		var crossed []string
+		for i, task := range tasks {
+			if i > 0 {
+				assert.Equal(t, []string{tasks[i-1].ID}, task.Requires, "task %s", task.ID)
+			}
+			for _, d := range task.CrossDepends {
+				crossed = append(crossed, task.ID+" after "+d.Name)
+			}
+		}
+		if cross {
+			assert.Equal(t, []string{"t4 after t3"}, crossed)
+		} else {
+			assert.Empty(t, crossed)
+		}
+	}
 }

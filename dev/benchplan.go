@@ -133,7 +133,7 @@ func executeBenchGraph(ctx context.Context, plans *fuel.Store) (uuid.UUID, error
 // deployment bench with role bench, the first one also anchor. A few at a
 // time: this is setup, not what is measured.
 func benchPlanSetup(ctx context.Context, store *models.Store, n, tasks int) error {
-	spec, err := web.ParseRelease([]byte(benchRelease(tasks)), "application/yaml")
+	spec, err := web.ParseRelease([]byte(benchRelease(tasks, true)), "application/yaml")
 	if err != nil {
 		return fmt.Errorf("bench release: %w", err)
 	}
