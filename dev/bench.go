@@ -53,7 +53,7 @@ func bench(ctx context.Context, root, state string, args []string, log *slog.Log
 		return errors.New("bench needs at least 2 nodes, 2 tasks and 1 round")
 	}
 	if *planOnly {
-		return benchPlan(ctx, state, *nodes, *tasks, *rounds, *pprofDir, log)
+		return benchPlan(ctx, state, *nodes, *tasks, *rounds, *crossNode, *pprofDir, log)
 	}
 	dir := filepath.Join(state, "bench")
 	removeOld, err := setAside(dir)

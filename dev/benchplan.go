@@ -27,7 +27,7 @@ import (
 // executes it) planned by the store's PlanGraph, the very call the
 // PlanGraph activity makes. It prints each round and the median; with
 // pprofDir, a CPU profile of the planning calls.
-func benchPlan(ctx context.Context, state string, nodes, tasks, rounds int, pprofDir string, log *slog.Logger) error {
+func benchPlan(ctx context.Context, state string, nodes, tasks, rounds int, crossNode bool, pprofDir string, log *slog.Logger) error {
 	pg, err := devenv.EnsurePostgres(ctx, state, log)
 	if err != nil {
 		return err
@@ -49,7 +49,7 @@ func benchPlan(ctx context.Context, state string, nodes, tasks, rounds int, ppro
 	store := &models.Store{DB: db, Domain: server.DefaultDomain}
 	plans := fuel.New(store)
 	fmt.Printf("creating %d nodes...\n", nodes)
-	if err := benchPlanSetup(ctx, store, nodes, tasks); err != nil {
+	if err := benchPlanSetup(ctx, store, nodes, tasks, crossNode); err != nil {
 		return err
 	}
 	var prof *os.File
@@ -128,12 +128,13 @@ func executeBenchGraph(ctx context.Context, plans *fuel.Store) (uuid.UUID, error
 	return txn.ID, nil
 }
 
-// benchPlanSetup imports the bench's release, creates its deployment and
-// its nodes as its agents and PATCHes do: alive, with a credential, in
+// benchPlanSetup imports the bench's release (with its cross-node
+// dependency unless crossNode is false), creates its deployment and its
+// nodes as its agents and PATCHes do: alive, with a credential, in
 // deployment bench with role bench, the first one also anchor. A few at a
 // time: this is setup, not what is measured.
-func benchPlanSetup(ctx context.Context, store *models.Store, n, tasks int) error {
-	spec, err := web.ParseRelease([]byte(benchRelease(tasks, true)), "application/yaml")
+func benchPlanSetup(ctx context.Context, store *models.Store, n, tasks int, crossNode bool) error {
+	spec, err := web.ParseRelease([]byte(benchRelease(tasks, crossNode)), "application/yaml")
 	if err != nil {
 		return fmt.Errorf("bench release: %w", err)
 	}

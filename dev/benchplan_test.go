@@ -19,7 +19,7 @@ func TestBenchPlanOnlyPlansTheBenchGraph(t *testing.T) {
 	ctx := context.Background()
 	store, _ := testenv.Store(t)
 	const nodes, tasks = 4, 6
-	require.NoError(t, benchPlanSetup(ctx, store, nodes, tasks))
+	require.NoError(t, benchPlanSetup(ctx, store, nodes, tasks, true))
 	plans := fuel.New(store)
 	for round := range 2 { // one plan per round, each of a new transaction
 		id, err := executeBenchGraph(ctx, plans)
